@@ -1,0 +1,432 @@
+"""The Lens and SaFE table definitions (spec §1), with `cluster_name` everywhere and real unique keys.
+
+Column names follow the original. Each table's logical key, which the original enforced only by
+"find then create" in application code, is a real unique constraint here (`uq_<table>_key`); every
+upsert targets exactly that constraint. `LOGICAL_KEYS` maps table name to its key columns.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    String,
+    Table,
+    UniqueConstraint,
+    text,
+)
+
+from lens_pipeline.store.types import JSONDocument, UTCDateTime
+
+# Short, predictable names: MySQL refuses identifiers over 64 characters. Each table has one
+# unique constraint (its logical key), so `uq_<table>_key` is enough; indexes are named by hand.
+NAMING = {
+    "uq": "uq_%(table_name)s_key",
+    "pk": "pk_%(table_name)s",
+}
+
+lens_metadata = MetaData(naming_convention=NAMING)
+safe_metadata = MetaData(naming_convention=NAMING)
+
+# Kubernetes object names may be 253 characters; the original's varchar(64) truncated or failed.
+K8S_NAME = 253
+CLUSTER = 100
+
+
+def _id() -> Column:
+    return Column("id", Integer, primary_key=True, autoincrement=True)
+
+
+def _cluster() -> Column:
+    return Column("cluster_name", String(CLUSTER), nullable=False)
+
+
+# §1.1
+node = Table(
+    "node",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("name", String(K8S_NAME), nullable=False),
+    Column("address", String(64)),
+    Column("gpu_name", String(128)),
+    Column("gpu_allocation", Integer),
+    Column("gpu_count", Integer),
+    Column("gpu_utilization", Float),
+    Column("status", String(64)),
+    Column("created_at", UTCDateTime()),
+    Column("updated_at", UTCDateTime()),
+    Column("cpu", String(64)),
+    Column("cpu_count", Integer),
+    Column("memory", String(64)),
+    Column("k8s_version", String(64)),
+    Column("k8s_status", String(64)),
+    Column("kubelet_version", String(64)),
+    Column("containerd_version", String(64)),
+    Column("os", String(64)),
+    Column("driver_version", String(64)),
+    Column("taints", JSONDocument),
+    Column("labels", JSONDocument),
+    Column("annotations", JSONDocument),
+    UniqueConstraint("cluster_name", "name"),
+)
+
+# §1.2 (node_name added: the key is (cluster, node, gpu_id), independent of the node row's id)
+gpu_device = Table(
+    "gpu_device",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("node_id", Integer),
+    Column("node_name", String(K8S_NAME), nullable=False),
+    Column("gpu_id", Integer, nullable=False),
+    Column("gpu_model", String(128)),
+    Column("memory", Integer),
+    Column("utilization", Float),
+    Column("temperature", Float),
+    Column("power", Float),
+    Column("serial", String(128)),
+    Column("rdma_device_name", String(64)),
+    Column("rdma_guid", String(64)),
+    Column("rdma_lid", String(64)),
+    Column("created_at", UTCDateTime()),
+    Column("updated_at", UTCDateTime()),
+    Column("numa_node", Integer),
+    Column("numa_affinity", Integer),
+    UniqueConstraint("cluster_name", "node_name", "gpu_id"),
+)
+
+# §1.3
+rdma_device = Table(
+    "rdma_device",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("node_id", Integer),
+    Column("node_name", String(K8S_NAME), nullable=False),
+    Column("ifname", String(256)),
+    Column("node_guid", String(256), nullable=False),
+    Column("if_index", Integer, nullable=False),
+    Column("fw", String(64)),
+    Column("node_type", String(64)),
+    Column("created_at", UTCDateTime()),
+    Column("updated_at", UTCDateTime()),
+    Column("deleted_at", UTCDateTime()),
+    UniqueConstraint("cluster_name", "node_name", "node_guid", "if_index"),
+)
+
+# §1.4: append-only audit; the key makes a replayed change a no-op.
+node_device_changelog = Table(
+    "node_device_changelog",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("node_id", Integer),
+    Column("node_name", String(K8S_NAME), nullable=False),
+    Column("device_type", String(32), nullable=False),
+    Column("device_name", String(256)),
+    Column("device_uuid", String(256), nullable=False),
+    Column("op", String(32), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "node_name", "device_type", "device_uuid", "op", "created_at"),
+)
+
+# §1.5
+gpu_workload = Table(
+    "gpu_workload",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("group_version", String(128)),
+    Column("kind", String(64)),
+    Column("namespace", String(K8S_NAME)),
+    Column("name", String(K8S_NAME)),
+    Column("uid", String(128), nullable=False),
+    Column("parent_uid", String(128)),
+    Column("gpu_request", Integer),
+    Column("created_at", UTCDateTime()),
+    Column("updated_at", UTCDateTime()),
+    Column("deleted_at", UTCDateTime()),
+    Column("end_at", UTCDateTime()),
+    Column("status", String(64)),
+    Column("source", String(64)),
+    Column("labels", JSONDocument),
+    Column("annotations", JSONDocument),
+    UniqueConstraint("cluster_name", "uid"),
+)
+
+# §1.6
+gpu_workload_snapshot = Table(
+    "gpu_workload_snapshot",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("uid", String(128), nullable=False),
+    Column("group_version", String(128)),
+    Column("kind", String(64)),
+    Column("name", String(K8S_NAME)),
+    Column("namespace", String(K8S_NAME)),
+    Column("metadata", JSONDocument),
+    Column("detail", JSONDocument),
+    Column("resource_version", BigInteger, nullable=False),
+    Column("created_at", UTCDateTime()),
+    UniqueConstraint("cluster_name", "uid", "resource_version"),
+)
+
+# §1.7
+gpu_pods = Table(
+    "gpu_pods",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("namespace", String(K8S_NAME)),
+    Column("name", String(K8S_NAME)),
+    Column("node_name", String(K8S_NAME)),
+    Column("uid", String(128), nullable=False),
+    Column("gpu_allocated", Integer),
+    Column("phase", String(64)),
+    Column("deleted", Boolean),
+    Column("created_at", UTCDateTime()),
+    Column("updated_at", UTCDateTime()),
+    Column("owner_uid", String(128)),
+    Column("running", Boolean),
+    Column("ip", String(64)),
+    UniqueConstraint("cluster_name", "uid"),
+    Index("ix_gpu_pods_node_running", "cluster_name", "node_name", "running"),
+)
+
+# §1.8
+gpu_pods_event = Table(
+    "gpu_pods_event",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("pod_uuid", String(128), nullable=False),
+    Column("pod_phase", String(64)),
+    Column("event_type", String(64), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("restart_count", Integer),
+    UniqueConstraint("cluster_name", "pod_uuid", "event_type", "created_at"),
+)
+
+# §1.9
+pod_snapshot = Table(
+    "pod_snapshot",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("pod_uid", String(128), nullable=False),
+    Column("pod_name", String(K8S_NAME)),
+    Column("namespace", String(K8S_NAME)),
+    Column("spec", JSONDocument),
+    Column("metadata", JSONDocument),
+    Column("status", JSONDocument),
+    Column("created_at", UTCDateTime()),
+    Column("resource_version", BigInteger, nullable=False),
+    UniqueConstraint("cluster_name", "pod_uid", "resource_version"),
+)
+
+# §1.10
+pod_resource = Table(
+    "pod_resource",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("uid", String(128), nullable=False),
+    Column("gpu_model", String(128)),
+    Column("gpu_allocated", Integer),
+    Column("created_at", UTCDateTime()),
+    Column("end_at", UTCDateTime()),
+    UniqueConstraint("cluster_name", "uid"),
+)
+
+# §1.11: a set, not the original's multiset.
+workload_pod_reference = Table(
+    "workload_pod_reference",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("workload_uid", String(128), nullable=False),
+    Column("pod_uid", String(128), nullable=False),
+    Column("created_at", UTCDateTime()),
+    UniqueConstraint("cluster_name", "workload_uid", "pod_uid"),
+)
+
+# §1.12
+node_container = Table(
+    "node_container",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("container_id", String(128), nullable=False),
+    Column("container_name", String(128)),
+    Column("pod_uid", String(128)),
+    Column("pod_name", String(K8S_NAME)),
+    Column("pod_namespace", String(K8S_NAME)),
+    Column("status", String(128)),
+    Column("created_at", UTCDateTime()),
+    Column("updated_at", UTCDateTime()),
+    Column("node_name", String(K8S_NAME)),
+    Column("source", String(128)),
+    UniqueConstraint("cluster_name", "container_id"),
+)
+
+# §1.13
+node_container_devices = Table(
+    "node_container_devices",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("container_id", String(128), nullable=False),
+    Column("device_type", String(64)),
+    Column("device_name", String(128)),
+    Column("device_no", Integer),
+    Column("device_uuid", String(128), nullable=False),
+    Column("created_at", UTCDateTime()),
+    Column("restart_count", Integer),
+    Column("updated_at", UTCDateTime()),
+    UniqueConstraint("cluster_name", "container_id", "device_uuid"),
+)
+
+# §1.14
+node_container_event = Table(
+    "node_container_event",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("container_id", String(128), nullable=False),
+    Column("event_type", String(64), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "container_id", "event_type", "created_at"),
+)
+
+# §1.15
+storage = Table(
+    "storage",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("name", String(K8S_NAME), nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("config", JSONDocument),
+    Column("source", String(64)),
+    Column("status", String(64)),
+    Column("created_at", UTCDateTime()),
+    Column("updated_at", UTCDateTime()),
+    Column("deleted_at", UTCDateTime()),
+    UniqueConstraint("cluster_name", "kind", "name"),
+)
+
+_FIGURE = {"nullable": False, "server_default": text("0")}
+
+# §1.16: one row per cluster in one shared database.
+cluster_overview_cache = Table(
+    "cluster_overview_cache",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    *(
+        Column(c, Integer, **_FIGURE)
+        for c in ("total_nodes", "healthy_nodes", "faulty_nodes", "fully_idle_nodes", "partially_idle_nodes", "busy_nodes")
+    ),
+    *(
+        Column(c, Float, **_FIGURE)
+        for c in (
+            "allocation_rate", "utilization", "storage_total_space", "storage_used_space",
+            "storage_usage_percentage", "storage_total_inodes", "storage_used_inodes",
+            "storage_inodes_usage_percentage", "storage_read_bandwidth", "storage_write_bandwidth",
+            "rdma_total_tx", "rdma_total_rx",
+        )
+    ),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name"),
+    Index("ix_cluster_overview_cache_updated_at", "updated_at"),
+)
+
+# §1.17
+workload_statistic = Table(
+    "workload_statistic",
+    lens_metadata,
+    _id(),
+    Column("uid", String(255), nullable=False),
+    _cluster(),
+    Column("namespace", String(K8S_NAME), nullable=False),
+    Column("workload_name", String(K8S_NAME), nullable=False),
+    Column("workload_type", String(50), nullable=False),
+    *(
+        Column(c, Float, **_FIGURE)
+        for c in (
+            "instant_gpu_utilization", "avg_gpu_utilization", "p50_gpu_utilization", "p90_gpu_utilization",
+            "p95_gpu_utilization", "max_gpu_utilization", "min_gpu_utilization",
+        )
+    ),
+    Column("stat_start_time", UTCDateTime(), nullable=False),
+    Column("stat_end_time", UTCDateTime(), nullable=False),
+    Column("sample_count", Integer, **_FIGURE),
+    Column("allocated_gpu_count", Float, **_FIGURE),
+    Column("workload_status", String(50)),
+    Column("labels", JSONDocument, nullable=False),
+    Column("annotations", JSONDocument, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("last_query_time", UTCDateTime()),
+    Column("total_sum", Float, server_default=text("0")),
+    Column("histogram", JSONDocument),
+    UniqueConstraint("cluster_name", "uid"),
+    Index("ix_workload_statistic_workload_time", "cluster_name", "namespace", "workload_name", "stat_end_time"),
+    Index("ix_workload_statistic_end_time", "stat_end_time"),
+)
+
+# §1.18: the SaFE database.
+node_statistic = Table(
+    "node_statistic",
+    safe_metadata,
+    _id(),
+    Column("cluster", String(64), nullable=False),
+    Column("node_name", String(K8S_NAME), nullable=False),
+    Column("gpu_utilization", Numeric(5, 2)),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime()),
+    Column("deleted_at", UTCDateTime()),
+    UniqueConstraint("cluster", "node_name"),
+    Index("ix_node_statistic_created_at", "created_at"),
+)
+
+safe_workload_statistic = Table(
+    "workload_statistic",
+    safe_metadata,
+    _id(),
+    Column("workload_id", String(64), nullable=False),
+    Column("workload_uid", String(36)),
+    Column("cluster", String(64)),
+    Column("workspace", String(64)),
+    Column("statistic_type", String(32), nullable=False),
+    Column("avg_gpu_usage_3h", Numeric(5, 2)),
+    Column("max_gpu_usage_3h", Numeric(5, 2)),
+    Column("data_points_count", Integer),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime()),
+    UniqueConstraint("workload_id", "statistic_type"),
+    Index("ix_workload_statistic_workload_uid", "workload_uid"),
+    Index("ix_workload_statistic_cluster_workspace", "cluster", "workspace"),
+    Index("ix_workload_statistic_created_at", "created_at"),
+)
+
+
+def logicalUniqueConstraint(table: Table) -> tuple[str, ...]:
+    """The columns of a table's one unique constraint: what every upsert conflicts on."""
+    keys = [c for c in table.constraints if isinstance(c, UniqueConstraint)]
+    if len(keys) != 1:
+        raise LookupError(f"table {table.name} must have exactly one unique constraint, has {len(keys)}")
+    return tuple(col.name for col in keys[0].columns)
+
+
+LENS_TABLES: dict[str, Table] = dict(lens_metadata.tables)
+SAFE_TABLES: dict[str, Table] = dict(safe_metadata.tables)
