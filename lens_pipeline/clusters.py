@@ -20,8 +20,18 @@ from lens_pipeline.vendors import VENDOR_CHOICES
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _KUBECONFIG_SUFFIXES = ("", ".yaml", ".yml", ".kubeconfig", ".conf")
 _ENTRY_FIELDS = {
-    "name", "vendor", "prometheus_url", "kubeconfig", "context", "in_cluster", "server", "token",
-    "token_file", "ca_file", "insecure_skip_tls_verify", "request_timeout_seconds",
+    "name",
+    "vendor",
+    "prometheus_url",
+    "kubeconfig",
+    "context",
+    "in_cluster",
+    "server",
+    "token",
+    "token_file",
+    "ca_file",
+    "insecure_skip_tls_verify",
+    "request_timeout_seconds",
 }
 
 
@@ -98,7 +108,9 @@ def load_registry(path: str | Path) -> Registry:
     try:
         document = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        return Registry({}, [RegistryError(None, "path", f"registry file {str(path)!r} does not exist")], str(path))
+        return Registry(
+            {}, [RegistryError(None, "path", f"registry file {str(path)!r} does not exist")], str(path)
+        )
     except (OSError, yaml.YAMLError) as exc:
         return Registry({}, [RegistryError(None, "path", f"cannot read {str(path)!r}: {exc}")], str(path))
     return parse_registry(document, base=path.parent, source=str(path))
@@ -109,7 +121,9 @@ def parse_registry(document: Any, base: Path, source: str = "<memory>") -> Regis
     if document is None:
         document = {}
     if not isinstance(document, dict):
-        return Registry({}, [RegistryError(None, "document", "expected a mapping with a 'clusters' list")], source)
+        return Registry(
+            {}, [RegistryError(None, "document", "expected a mapping with a 'clusters' list")], source
+        )
     errors: list[RegistryError] = []
     entries: list[dict[str, Any]] = []
     defaults = document.get("defaults") or {}
@@ -121,7 +135,9 @@ def parse_registry(document: Any, base: Path, source: str = "<memory>") -> Regis
         errors.append(RegistryError(None, "clusters", "expected a list of cluster entries"))
         raw_entries = []
     if document.get("kubeconfig_dir"):
-        dir_entries, dir_errors = _entries_from_kubeconfig_dir(base / str(document["kubeconfig_dir"]), defaults)
+        dir_entries, dir_errors = _entries_from_kubeconfig_dir(
+            base / str(document["kubeconfig_dir"]), defaults
+        )
         # An explicit entry for the same name refines the one found in the directory.
         explicit = {e.get("name") for e in raw_entries if isinstance(e, dict)}
         entries.extend(e for e in dir_entries if e["name"] not in explicit)
@@ -136,7 +152,9 @@ def parse_registry(document: Any, base: Path, source: str = "<memory>") -> Regis
     return _build(entries, errors, base, source)
 
 
-def _entries_from_kubeconfig_dir(directory: Path, defaults: dict[str, Any]) -> tuple[list[dict], list[RegistryError]]:
+def _entries_from_kubeconfig_dir(
+    directory: Path, defaults: dict[str, Any]
+) -> tuple[list[dict], list[RegistryError]]:
     if not directory.is_dir():
         return [], [RegistryError(None, "kubeconfig_dir", f"{str(directory)!r} is not a directory")]
     entries = []
@@ -184,7 +202,9 @@ def _parse_entry(raw: dict[str, Any], base: Path) -> tuple[ClusterConfig | None,
     vendor = raw.get("vendor", "auto")
     if vendor not in VENDOR_CHOICES:
         bad("vendor", f"{vendor!r} is not one of {', '.join(VENDOR_CHOICES)}")
-    if prometheus_url is not None and not (isinstance(prometheus_url, str) and prometheus_url.startswith(("http://", "https://"))):
+    if prometheus_url is not None and not (
+        isinstance(prometheus_url, str) and prometheus_url.startswith(("http://", "https://"))
+    ):
         bad("prometheus_url", "must be an http:// or https:// URL")
     ways = [w for w in ("kubeconfig", "in_cluster", "server") if raw.get(w)]
     if len(ways) != 1:

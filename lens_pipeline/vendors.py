@@ -59,5 +59,6 @@ def profiles_for(vendor: str) -> tuple[VendorProfile, ...]:
     try:
         return (PROFILES[vendor],)
     except KeyError:
-        raise ValueError(f"unknown GPU vendor {vendor!r}; expected one of {', '.join(VENDOR_CHOICES)}") from None
-
+        raise ValueError(
+            f"unknown GPU vendor {vendor!r}; expected one of {', '.join(VENDOR_CHOICES)}"
+        ) from None

@@ -333,15 +333,30 @@ cluster_overview_cache = Table(
     _cluster(),
     *(
         Column(c, Integer, **_FIGURE)
-        for c in ("total_nodes", "healthy_nodes", "faulty_nodes", "fully_idle_nodes", "partially_idle_nodes", "busy_nodes")
+        for c in (
+            "total_nodes",
+            "healthy_nodes",
+            "faulty_nodes",
+            "fully_idle_nodes",
+            "partially_idle_nodes",
+            "busy_nodes",
+        )
     ),
     *(
         Column(c, Float, **_FIGURE)
         for c in (
-            "allocation_rate", "utilization", "storage_total_space", "storage_used_space",
-            "storage_usage_percentage", "storage_total_inodes", "storage_used_inodes",
-            "storage_inodes_usage_percentage", "storage_read_bandwidth", "storage_write_bandwidth",
-            "rdma_total_tx", "rdma_total_rx",
+            "allocation_rate",
+            "utilization",
+            "storage_total_space",
+            "storage_used_space",
+            "storage_usage_percentage",
+            "storage_total_inodes",
+            "storage_used_inodes",
+            "storage_inodes_usage_percentage",
+            "storage_read_bandwidth",
+            "storage_write_bandwidth",
+            "rdma_total_tx",
+            "rdma_total_rx",
         )
     ),
     Column("created_at", UTCDateTime(), nullable=False),
@@ -363,8 +378,13 @@ workload_statistic = Table(
     *(
         Column(c, Float, **_FIGURE)
         for c in (
-            "instant_gpu_utilization", "avg_gpu_utilization", "p50_gpu_utilization", "p90_gpu_utilization",
-            "p95_gpu_utilization", "max_gpu_utilization", "min_gpu_utilization",
+            "instant_gpu_utilization",
+            "avg_gpu_utilization",
+            "p50_gpu_utilization",
+            "p90_gpu_utilization",
+            "p95_gpu_utilization",
+            "max_gpu_utilization",
+            "min_gpu_utilization",
         )
     ),
     Column("stat_start_time", UTCDateTime(), nullable=False),
@@ -380,7 +400,9 @@ workload_statistic = Table(
     Column("total_sum", Float, server_default=text("0")),
     Column("histogram", JSONDocument),
     UniqueConstraint("cluster_name", "uid"),
-    Index("ix_workload_statistic_workload_time", "cluster_name", "namespace", "workload_name", "stat_end_time"),
+    Index(
+        "ix_workload_statistic_workload_time", "cluster_name", "namespace", "workload_name", "stat_end_time"
+    ),
     Index("ix_workload_statistic_end_time", "stat_end_time"),
 )
 
@@ -420,7 +442,7 @@ safe_workload_statistic = Table(
 )
 
 
-def logicalUniqueConstraint(table: Table) -> tuple[str, ...]:
+def logical_key(table: Table) -> tuple[str, ...]:
     """The columns of a table's one unique constraint: what every upsert conflicts on."""
     keys = [c for c in table.constraints if isinstance(c, UniqueConstraint)]
     if len(keys) != 1:

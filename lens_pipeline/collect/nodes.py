@@ -1,0 +1,163 @@
+"""Nodes: a GPU Node object (+ what its pods hold + its exporters' utilization) becomes a `node` row.
+
+Fields follow spec §1.1 with the original's bugs fixed: the real Kubernetes version instead of a
+hard-coded one, NotReady nodes kept with their status, the vendor from the registry profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name
+from lens_pipeline.collect.quantity import whole_units
+from lens_pipeline.vendors import VendorProfile
+
+Row = dict[str, Any]
+
+# The fields a node row needs; everything else (images, volumes...) is dropped at list time.
+_KEPT_STATUS = ("capacity", "conditions", "addresses", "nodeInfo")
+
+
+def project_node(node: dict) -> dict:
+    """Keep only what `node_row` reads, so 5,000 nodes with long image lists stay small in memory."""
+    if not isinstance(node, dict):
+        return node
+    status = node.get("status")
+    spec = node.get("spec")
+    return {
+        "metadata": node.get("metadata"),
+        "spec": {"taints": spec.get("taints")} if isinstance(spec, dict) else spec,
+        "status": {k: status.get(k) for k in _KEPT_STATUS} if isinstance(status, dict) else status,
+    }
+
+
+def node_profile(node: dict, profiles: Iterable[VendorProfile]) -> VendorProfile | None:
+    """The vendor whose GPUs the node has: its capacity advertises the resource or it has the product label."""
+    capacity = mapping(node, "status", "capacity")
+    labels = mapping(node, "metadata", "labels")
+    for profile in profiles:
+        if profile.resource in capacity or profile.product_label in labels:
+            return profile
+    return None
+
+
+def ready_status(node: dict) -> str:
+    """'Ready', 'NotReady' or 'Unknown' from the NodeReady condition."""
+    conditions = mapping(node, "status").get("conditions") or []
+    if not isinstance(conditions, list):
+        raise MalformedObject("status.conditions should be a list")
+    for condition in conditions:
+        if isinstance(condition, dict) and condition.get("type") == "Ready":
+            return {"True": "Ready", "False": "NotReady"}.get(condition.get("status"), "Unknown")
+    return "Unknown"
+
+
+def node_address(node: dict) -> str:
+    """The InternalIP (the original took whichever address came first)."""
+    addresses = mapping(node, "status").get("addresses") or []
+    if not isinstance(addresses, list):
+        raise MalformedObject("status.addresses should be a list")
+    usable = [a for a in addresses if isinstance(a, dict) and isinstance(a.get("address"), str)]
+    for address in usable:
+        if address.get("type") == "InternalIP":
+            return address["address"]
+    return usable[0]["address"] if usable else ""
+
+
+def node_taints(node: dict) -> dict:
+    taints = mapping(node, "spec").get("taints") or []
+    if not isinstance(taints, list) or not all(isinstance(t, dict) for t in taints):
+        raise MalformedObject("spec.taints should be a list of objects")
+    if not taints:
+        return {}
+    return {"taints": [{k: t[k] for k in ("key", "value", "effect", "timeAdded") if k in t} for t in taints]}
+
+
+def node_row(
+    node: dict,
+    profile: VendorProfile,
+    *,
+    allocated: int,
+    utilization: float | None,
+) -> Row:
+    """The `node` row of one GPU node (without cluster_name and timestamps, which the writer adds)."""
+    metadata = mapping(node, "metadata", required=True)
+    name = metadata.get("name")
+    if not isinstance(name, str) or not name:
+        raise MalformedObject("missing metadata.name")
+    status = mapping(node, "status", required=True)
+    capacity = mapping(status, "capacity", required=True)
+    info = mapping(status, "nodeInfo")
+    labels = mapping(metadata, "labels")
+    annotations = mapping(metadata, "annotations")
+    gpu_name = labels.get(profile.product_label) or "Unknown"
+    driver_version = next((labels[k] for k in profile.driver_version_labels if labels.get(k)), "")
+    state = ready_status(node)
+    memory = capacity.get("memory", "")
+    return {
+        "name": name,
+        "address": node_address(node),
+        "gpu_name": str(gpu_name),
+        "gpu_allocation": allocated,
+        "gpu_count": whole_units(capacity.get(profile.resource, 0), f"status.capacity[{profile.resource!r}]"),
+        "gpu_utilization": utilization,
+        "status": state,
+        "k8s_status": state,
+        "cpu": str(info.get("architecture") or ""),
+        "cpu_count": whole_units(capacity.get("cpu", 0), "status.capacity.cpu"),
+        "memory": str(memory),
+        "k8s_version": str(info.get("kubeletVersion") or ""),
+        "kubelet_version": str(info.get("kubeletVersion") or ""),
+        "containerd_version": str(info.get("containerRuntimeVersion") or ""),
+        "os": str(info.get("osImage") or ""),
+        "driver_version": str(driver_version),
+        "taints": node_taints(node),
+        "labels": labels,
+        "annotations": annotations,
+    }
+
+
+def gpu_node_rows(
+    nodes: Iterable[dict],
+    profiles: tuple[VendorProfile, ...],
+    allocated: Mapping[tuple[str, str], int],
+    utilization: Mapping[str, float],
+) -> tuple[list[Row], list[Problem], set[str]]:
+    """Rows for every GPU node, the problems met, and the names of GPU nodes that could not be read.
+
+    Non-GPU nodes are left out. A node that cannot be read is a `Problem`; its name (when known) is
+    returned so the writer keeps its stored row instead of treating it as gone.
+    """
+    rows: list[Row] = []
+    problems: list[Problem] = []
+    unreadable: set[str] = set()
+    for node in nodes:
+        name = object_name(node)
+        try:
+            if not isinstance(node, dict):
+                raise MalformedObject("item is not an object")
+            profile = node_profile(node, profiles)
+            if profile is None:
+                continue
+            rows.append(
+                node_row(
+                    node,
+                    profile,
+                    allocated=allocated.get((name, profile.resource), 0),
+                    utilization=utilization.get(name),
+                )
+            )
+        except MalformedObject as exc:
+            problems.append(Problem("Node", name, str(exc)))
+            if name:
+                unreadable.add(name)
+    rows.sort(key=lambda r: r["name"])
+    return rows, problems, unreadable
+
+
+def utilization_by_node(
+    samples: Iterable[tuple[Mapping[str, str], float]], node_label: str
+) -> dict[str, float]:
+    """Per-node mean utilization from the samples of a `avg by (<node_label>)` query."""
+    return {labels[node_label]: value for labels, value in samples if labels.get(node_label)}

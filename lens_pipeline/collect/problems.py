@@ -1,0 +1,46 @@
+"""How a collector says that one object could not be read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class MalformedObject(ValueError):
+    """An object lacks a field or has one of the wrong type; the message says which and what was expected."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str
+    name: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name or '<unnamed>'}: {self.message}"
+
+
+def object_name(obj: object) -> str:
+    """`namespace/name` or `name` of an object, or '' when even that is unreadable."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
+        return ""
+    namespace = metadata.get("namespace")
+    return f"{namespace}/{metadata['name']}" if isinstance(namespace, str) and namespace else metadata["name"]
+
+
+def mapping(obj: dict, *path: str, required: bool = False) -> dict:
+    """The dict at `path` inside `obj`; {} when absent (or an error when `required`); wrong types are errors."""
+    current: object = obj
+    walked = []
+    for part in path:
+        walked.append(part)
+        if not isinstance(current, dict):
+            raise MalformedObject(f"{'.'.join(walked[:-1]) or 'object'} is not an object")
+        current = current.get(part)
+        if current is None:
+            if required:
+                raise MalformedObject(f"missing {'.'.join(walked)}")
+            return {}
+    if not isinstance(current, dict):
+        raise MalformedObject(f"{'.'.join(walked)} should be an object, got {type(current).__name__}")
+    return current

@@ -1,0 +1,9 @@
+"""The one Definitions of the lens_pipeline code location."""
+
+from dagster import Definitions
+
+from lens_pipeline.defs import resources
+from lens_pipeline.defs.collectors import schedules as collectors
+from lens_pipeline.defs.fleet import sensors as fleet
+
+defs = Definitions.merge(resources.defs, collectors.defs, fleet.defs)

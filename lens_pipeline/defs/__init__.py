@@ -1,0 +1,1 @@
+"""Dagster wiring, one folder per concern; each exports its own `Definitions`, merged in definitions.py."""

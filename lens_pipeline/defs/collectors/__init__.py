@@ -1,0 +1,1 @@
+"""The collectors: per-cluster assets that read a cluster and write the Lens tables."""

@@ -1,0 +1,1 @@
+"""The fleet: cluster partitions kept equal to the registry."""

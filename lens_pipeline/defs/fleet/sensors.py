@@ -1,0 +1,62 @@
+"""`cluster_registry_sensor`: adds a partition for every new cluster in the registry and removes the
+partitions of clusters that left it, but only when no run of theirs is in flight."""
+
+from dagster import (
+    DefaultSensorStatus,
+    Definitions,
+    RunsFilter,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
+
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, cluster_partitions
+from lens_pipeline.defs.resources import ClusterRegistryResource
+
+
+def clusters_in_flight(context: SensorEvaluationContext, names: list[str]) -> set[str]:
+    busy = set()
+    for name in names:
+        records = context.instance.get_run_records(
+            RunsFilter(statuses=IN_PROGRESS_RUN_STATUSES, tags={"dagster/partition": name}), limit=1
+        )
+        if records:
+            busy.add(name)
+    return busy
+
+
+@sensor(
+    minimum_interval_seconds=30,
+    default_status=DefaultSensorStatus.RUNNING,
+    description="Keeps the `cluster` partitions equal to the cluster registry.",
+)
+def cluster_registry_sensor(
+    context: SensorEvaluationContext, registry: ClusterRegistryResource
+) -> SensorResult | SkipReason:
+    loaded = registry.load()
+    for error in loaded.errors:
+        context.log.warning(f"registry {loaded.source}: {error}")
+    # An unreadable registry says nothing about which clusters left: never remove on its word.
+    registry_readable = not any(e.cluster is None and e.field in ("path", "document") for e in loaded.errors)
+    listed = set(loaded.clusters) | {e.cluster for e in loaded.errors if e.cluster}
+    current = set(context.instance.get_dynamic_partitions(CLUSTER_PARTITIONS_NAME))
+    added = sorted(set(loaded.clusters) - current)
+    gone = sorted(current - listed) if registry_readable else []
+    busy = clusters_in_flight(context, gone)
+    removed = [name for name in gone if name not in busy]
+    if busy:
+        context.log.info(f"clusters left the registry but have runs in flight, removal waits: {sorted(busy)}")
+    if not added and not removed:
+        return SkipReason(f"partitions match the registry ({len(current)} clusters)")
+    requests = []
+    if added:
+        requests.append(cluster_partitions.build_add_request(added))
+    if removed:
+        requests.append(cluster_partitions.build_delete_request(removed))
+    context.log.info(f"cluster partitions: added {added}, removed {removed}")
+    return SensorResult(dynamic_partitions_requests=requests)
+
+
+defs = Definitions(sensors=[cluster_registry_sensor])

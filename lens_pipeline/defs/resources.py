@@ -1,0 +1,91 @@
+"""Resources: every outside system (registry, databases, Kubernetes, Prometheus) behind one class."""
+
+from __future__ import annotations
+
+from dagster import ConfigurableResource, Definitions
+from pydantic import Field
+from sqlalchemy import Engine
+
+from lens_pipeline import settings
+from lens_pipeline.clusters import ClusterConfig, Registry, load_registry
+from lens_pipeline.kube.reader import PAGE_SIZE, KubeReader
+from lens_pipeline.prom.reader import PromReader
+from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.migrate import ensure_schema
+
+
+class ClusterRegistryResource(ConfigurableResource):
+    """The cluster registry file or kubeconfig directory (default: `$LENS_CLUSTERS_FILE`)."""
+
+    clusters_file: str | None = Field(default=None, description="registry YAML or kubeconfig directory")
+
+    def path(self) -> str:
+        path = self.clusters_file or settings.clusters_file()
+        if not path:
+            raise RuntimeError(f"no cluster registry: set {settings.LENS_CLUSTERS_FILE} or clusters_file")
+        return path
+
+    def load(self) -> Registry:
+        return load_registry(self.path())
+
+    def cluster(self, name: str) -> ClusterConfig:
+        return self.load().get(name)
+
+
+class LensDatabase(ConfigurableResource):
+    """The Lens database (default: `$LENS_DATABASE_URL`, else SQLite under `$DAGSTER_HOME`)."""
+
+    url: str | None = Field(default=None, description="SQLAlchemy URL")
+
+    def engine(self) -> Engine:
+        engine = get_engine(self.url or settings.lens_database_url())
+        ensure_schema(engine, "lens")
+        return engine
+
+
+class SafeDatabase(ConfigurableResource):
+    """The SaFE database (default: `$LENS_SAFE_DATABASE_URL`, else SQLite under `$DAGSTER_HOME`)."""
+
+    url: str | None = Field(default=None, description="SQLAlchemy URL")
+
+    def engine(self) -> Engine:
+        engine = get_engine(self.url or settings.safe_database_url())
+        ensure_schema(engine, "safe")
+        return engine
+
+
+class KubernetesResource(ConfigurableResource):
+    """How collectors LIST: page size and retries of transient errors (5xx, timeouts, refused)."""
+
+    page_size: int = PAGE_SIZE
+    max_retries: int = 3
+    backoff_seconds: float = 0.5
+
+    def reader(self, cluster: ClusterConfig) -> KubeReader:
+        return KubeReader(
+            cluster,
+            page_size=self.page_size,
+            max_retries=self.max_retries,
+            backoff_seconds=self.backoff_seconds,
+        )
+
+
+class PrometheusResource(ConfigurableResource):
+    timeout_seconds: float = 30.0
+
+    def reader(self, cluster: ClusterConfig) -> PromReader | None:
+        """None when the registry gives the cluster no Prometheus."""
+        if not cluster.prometheus_url:
+            return None
+        return PromReader(cluster.name, cluster.prometheus_url, timeout_seconds=self.timeout_seconds)
+
+
+defs = Definitions(
+    resources={
+        "registry": ClusterRegistryResource(),
+        "lens_db": LensDatabase(),
+        "safe_db": SafeDatabase(),
+        "kubernetes": KubernetesResource(),
+        "prometheus": PrometheusResource(),
+    }
+)

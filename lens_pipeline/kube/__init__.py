@@ -1,0 +1,1 @@
+"""Reading a cluster's Kubernetes API: paged LISTs of raw JSON, nothing else."""

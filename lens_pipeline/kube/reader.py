@@ -1,0 +1,215 @@
+"""Paged LISTs against one cluster's API server, through the official client, as raw JSON.
+
+One collection run makes one paged LIST per kind (limit=500 and continue tokens) and joins in
+memory. The client's model objects are slow to build at 100k pods, so it is used for
+configuration and auth only: responses are read raw, parsed with orjson, and each item is cut
+down by a `project` function before the next page arrives. A continue token that expired (410
+Gone) restarts the whole list, so one LIST is always one consistent snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.config.config_exception import ConfigException
+
+from lens_pipeline.clusters import ClusterConfig
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+PAGE_SIZE = 500
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class KubeError(RuntimeError):
+    """A Kubernetes API call that failed for good; says which cluster, which path and why."""
+
+    def __init__(self, cluster: str, path: str, message: str, status: int | None = None) -> None:
+        self.cluster, self.path, self.status = cluster, path, status
+        where = f"cluster {cluster!r}: GET {path}"
+        super().__init__(f"{where}: {message}" if status is None else f"{where}: HTTP {status}: {message}")
+
+
+@dataclass
+class ListStats:
+    requests: int = 0
+    pages: int = 0
+    restarts: int = 0
+    retries: int = 0
+    by_path: dict[str, int] = field(default_factory=dict)
+
+
+def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
+    """An ApiClient configured the way the registry entry says (kubeconfig, in-cluster, or token)."""
+    try:
+        if cluster.kubeconfig:
+            return k8s_config.new_client_from_config(config_file=cluster.kubeconfig, context=cluster.context)
+        configuration = k8s_client.Configuration()
+        if cluster.in_cluster:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            configuration.host = cluster.server
+            token = cluster.token
+            if token is None and cluster.token_file:
+                with open(cluster.token_file) as handle:
+                    token = handle.read().strip()
+            configuration.api_key = {"authorization": f"Bearer {token}"}
+            configuration.verify_ssl = not cluster.insecure_skip_tls_verify
+            configuration.ssl_ca_cert = cluster.ca_file
+        return k8s_client.ApiClient(configuration)
+    except (ConfigException, OSError, ValueError, TypeError) as exc:
+        # The message of a config error may quote the kubeconfig; keep only its type and first line.
+        first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise KubeError(
+            cluster.name, "(client configuration)", f"{type(exc).__name__}: {first_line}"
+        ) from None
+
+
+class KubeReader:
+    """Paged, retrying, counting LISTs for one cluster."""
+
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        *,
+        page_size: int = PAGE_SIZE,
+        max_restarts: int = 3,
+        max_retries: int = 3,
+        backoff_seconds: float = 0.5,
+    ) -> None:
+        self.cluster = cluster
+        self.page_size = page_size
+        self.max_restarts = max_restarts
+        self.max_retries = max_retries
+        self.backoff_seconds = backoff_seconds
+        self.stats = ListStats()
+        self._api: k8s_client.ApiClient | None = None
+
+    @property
+    def api(self) -> k8s_client.ApiClient:
+        if self._api is None:
+            self._api = api_client_for(self.cluster)
+        return self._api
+
+    def close(self) -> None:
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+
+    def __enter__(self) -> KubeReader:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def list(
+        self,
+        path: str,
+        project: Callable[[dict[str, Any]], T],
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> list[T]:
+        """Every item of the collection at `path`, each passed through `project`, in one snapshot."""
+        for attempt in range(self.max_restarts + 1):
+            items: list[T] = []
+            token: str | None = None
+            while True:
+                query: list[tuple[str, Any]] = [("limit", self.page_size)]
+                if token:
+                    query.append(("continue", token))
+                if label_selector:
+                    query.append(("labelSelector", label_selector))
+                if field_selector:
+                    query.append(("fieldSelector", field_selector))
+                status, body = self._get(path, query)
+                if status == 410 and token:
+                    break  # the snapshot expired under us: start the list again
+                if status != 200:
+                    raise KubeError(self.cluster.name, path, _status_message(body), status)
+                page = _parse(self.cluster.name, path, body)
+                self.stats.pages += 1
+                raw_items = page.get("items")
+                if not isinstance(raw_items, list):
+                    raise KubeError(self.cluster.name, path, "list response has no 'items' array")
+                items.extend(project(item) for item in raw_items)
+                metadata = page.get("metadata")
+                token = metadata.get("continue") if isinstance(metadata, dict) else None
+                if not token:
+                    return items
+            self.stats.restarts += 1
+            log.warning(
+                "cluster %s: continue token for %s expired (410); restarting the list (%d)",
+                self.cluster.name,
+                path,
+                attempt + 1,
+            )
+        raise KubeError(
+            self.cluster.name, path, f"continue token expired {self.max_restarts + 1} times in a row", 410
+        )
+
+    def _get(self, path: str, query: list[tuple[str, Any]]) -> tuple[int, bytes]:
+        timeout = (min(5.0, self.cluster.request_timeout_seconds), self.cluster.request_timeout_seconds)
+        last_error = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self.stats.retries += 1
+                time.sleep(self.backoff_seconds * 2 ** (attempt - 1))
+            self.stats.requests += 1
+            self.stats.by_path[path] = self.stats.by_path.get(path, 0) + 1
+            try:
+                request = self.api.param_serialize(
+                    method="GET",
+                    resource_path=path,
+                    query_params=query,
+                    header_params={"Accept": "application/json"},
+                    auth_settings=["BearerToken"],
+                )
+                response = self.api.call_api(*request, _request_timeout=timeout)
+                body = response.read()
+            except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
+                last_error = f"{type(exc).__name__}: {_first_line(exc)}"
+                continue
+            if response.status in TRANSIENT_STATUSES:
+                last_error = f"HTTP {response.status}: {_status_message(body)}"
+                continue
+            return response.status, body
+        raise KubeError(
+            self.cluster.name,
+            path,
+            f"gave up after {self.max_retries + 1} attempts; last error: {last_error}",
+        )
+
+
+def _parse(cluster: str, path: str, body: bytes) -> dict[str, Any]:
+    try:
+        page = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise KubeError(cluster, path, f"response is not JSON ({exc})") from None
+    if not isinstance(page, dict):
+        raise KubeError(cluster, path, "response is not a JSON object")
+    return page
+
+
+def _status_message(body: bytes) -> str:
+    try:
+        status = orjson.loads(body)
+        if isinstance(status, dict) and status.get("message"):
+            return str(status["message"])[:300]
+    except orjson.JSONDecodeError:
+        pass
+    return body[:200].decode("utf-8", "replace") or "(empty body)"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0][:300] if text else ""

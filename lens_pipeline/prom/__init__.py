@@ -1,0 +1,1 @@
+"""Reading a cluster's Prometheus: instant queries, grouped so that one query covers every node."""

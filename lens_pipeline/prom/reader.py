@@ -1,0 +1,58 @@
+"""Instant PromQL queries through `prometheus-api-client`, returned as plain (labels, value) samples."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+
+
+class PromError(RuntimeError):
+    def __init__(self, cluster: str, query: str, message: str) -> None:
+        self.cluster, self.query = cluster, query
+        super().__init__(f"cluster {cluster!r}: Prometheus query {query!r}: {message}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass
+class PromReader:
+    cluster: str
+    url: str
+    timeout_seconds: float = 30.0
+    queries: int = 0
+    _client: PrometheusConnect | None = field(default=None, repr=False)
+
+    @property
+    def client(self) -> PrometheusConnect:
+        if self._client is None:
+            self._client = PrometheusConnect(url=self.url, disable_ssl=False, timeout=self.timeout_seconds)
+        return self._client
+
+    def vector(self, query: str) -> list[Sample]:
+        """The samples of an instant query; NaN and infinite values are dropped."""
+        self.queries += 1
+        try:
+            result = self.client.custom_query(query)
+        except PrometheusApiClientException as exc:
+            raise PromError(self.cluster, query, str(exc)[:300]) from None
+        except requests.RequestException as exc:
+            raise PromError(self.cluster, query, f"{type(exc).__name__}: {str(exc)[:200]}") from None
+        except ValueError as exc:  # a 200 whose body is not the JSON Prometheus answers with
+            raise PromError(self.cluster, query, f"malformed response: {exc}") from None
+        samples = []
+        for series in result or []:
+            try:
+                value = float(series["value"][1])
+                labels = dict(series.get("metric") or {})
+            except (KeyError, IndexError, TypeError, ValueError) as exc:
+                raise PromError(self.cluster, query, f"malformed sample {series!r:.200}: {exc}") from None
+            if math.isfinite(value):
+                samples.append(Sample(labels, value))
+        return samples

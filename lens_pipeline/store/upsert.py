@@ -1,0 +1,198 @@
+"""The one write path: bulk upsert on a table's logical key, and snapshot sync built on it.
+
+`bulk_upsert` is one `INSERT ... ON CONFLICT DO UPDATE` (SQLite, PostgreSQL) or `INSERT ... ON
+DUPLICATE KEY UPDATE` (MySQL/MariaDB) per batch. `sync_snapshot` compares what a collector saw
+with what is stored for the cluster and writes only the difference, so a run with no change
+writes no row, and it says what happened to rows that vanished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Table, and_, delete, select, tuple_, update
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+
+from lens_pipeline.store.schema import logical_key
+
+BATCH_ROWS = 1000
+# Columns an upsert never overwrites: the surrogate id and the first-seen time.
+NEVER_UPDATED = frozenset({"id", "created_at"})
+
+Row = dict[str, Any]
+
+
+def bulk_upsert(
+    conn: Connection,
+    table: Table,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    update_columns: Iterable[str] | None = None,
+    batch_rows: int = BATCH_ROWS,
+) -> int:
+    """Insert `rows`, updating the ones whose logical key exists. Returns the number of rows sent.
+
+    Every row must carry the same columns. `update_columns` defaults to every column of the row
+    except the key, `id` and `created_at`; an empty list makes conflicts a no-op.
+    """
+    if not rows:
+        return 0
+    key = logical_key(table)
+    columns = list(rows[0])
+    missing = [k for k in key if k not in columns]
+    if missing:
+        raise ValueError(f"{table.name}: rows lack key columns {missing}")
+    if update_columns is None:
+        update_columns = [c for c in columns if c not in key and c not in NEVER_UPDATED]
+    update_columns = list(update_columns)
+    statement = _upsert_statement(conn.dialect.name, table, key, update_columns)
+    for start in range(0, len(rows), batch_rows):
+        batch = rows[start : start + batch_rows]
+        for row in batch:
+            if row.keys() != rows[0].keys():
+                raise ValueError(f"{table.name}: every row of one upsert must have the same columns")
+        conn.execute(statement, list(batch))
+    return len(rows)
+
+
+def _upsert_statement(dialect: str, table: Table, key: Sequence[str], update_columns: Sequence[str]) -> Any:
+    if dialect in ("mysql", "mariadb"):
+        stmt = mysql.insert(table)
+        # MySQL has no DO NOTHING; assigning a key column to itself is the no-op update.
+        assignments = {c: stmt.inserted[c] for c in update_columns} or {key[0]: table.c[key[0]]}
+        return stmt.on_duplicate_key_update(assignments)
+    if dialect == "postgresql":
+        stmt = postgresql.insert(table)
+    elif dialect == "sqlite":
+        stmt = sqlite.insert(table)
+    else:
+        raise NotImplementedError(f"bulk upsert does not support the {dialect!r} dialect")
+    if not update_columns:
+        return stmt.on_conflict_do_nothing(index_elements=list(key))
+    return stmt.on_conflict_do_update(
+        index_elements=list(key), set_={c: stmt.excluded[c] for c in update_columns}
+    )
+
+
+@dataclass
+class SyncResult:
+    """What a snapshot sync did, for run metadata."""
+
+    inserted: list[tuple] = field(default_factory=list)
+    updated: list[tuple] = field(default_factory=list)
+    unchanged: int = 0
+    vanished: list[tuple] = field(default_factory=list)
+
+    @property
+    def written(self) -> int:
+        return len(self.inserted) + len(self.updated) + len(self.vanished)
+
+
+Vanish = Literal["delete", "keep"] | Mapping[str, Any] | Callable[[Row], Row]
+
+
+def sync_snapshot(
+    conn: Connection,
+    table: Table,
+    scope: Mapping[str, Any],
+    rows: Sequence[Row],
+    *,
+    now: datetime,
+    compare: Sequence[str] | None = None,
+    on_vanish: Vanish = "delete",
+    protect: Iterable[tuple] = (),
+    vanish_filter: Mapping[str, Any] | None = None,
+) -> SyncResult:
+    """Make the stored rows under `scope` (e.g. one cluster) equal `rows`, writing only what differs.
+
+    - New keys are inserted with `created_at` and `updated_at` = `now` (where the table has them);
+      rows whose `compare` columns changed are upserted with `updated_at` = `now`.
+    - Stored keys absent from `rows` have vanished: deleted, left alone (`"keep"`), or updated
+      with a mapping of column values (e.g. `{"deleted": True}`), or with a function of the stored
+      row. Keys in `protect` (objects seen but unreadable this run) never count as vanished, nor do
+      rows not matching `vanish_filter` (e.g. already marked).
+    """
+    key = logical_key(table)
+    compare = list(compare) if compare is not None else [c for c in (rows[0] if rows else {}) if c not in key]
+    has_created = "created_at" in table.c
+    has_updated = "updated_at" in table.c
+    where = and_(*(table.c[k] == v for k, v in scope.items()))
+    wanted_columns = list(dict.fromkeys([*key, *compare, *(vanish_filter or {})]))
+    stored: dict[tuple, Row] = {}
+    for record in conn.execute(select(*(table.c[c] for c in wanted_columns)).where(where)).mappings():
+        stored[tuple(record[k] for k in key)] = dict(record)
+
+    result = SyncResult()
+    inserts: list[Row] = []
+    updates: list[Row] = []
+    seen: set[tuple] = set()
+    for row in rows:
+        row_key = tuple(row[k] for k in key)
+        seen.add(row_key)
+        previous = stored.get(row_key)
+        if previous is None:
+            inserts.append(row)
+            result.inserted.append(row_key)
+        elif any(_differs(previous.get(c), row.get(c)) for c in compare):
+            updates.append(row)
+            result.updated.append(row_key)
+        else:
+            result.unchanged += 1
+    if inserts:
+        stamp = {
+            **({"created_at": now} if has_created else {}),
+            **({"updated_at": now} if has_updated else {}),
+        }
+        bulk_upsert(conn, table, [{**row, **stamp} for row in inserts])
+    if updates:
+        stamp = {"updated_at": now} if has_updated else {}
+        bulk_upsert(conn, table, [{**row, **stamp} for row in updates])
+
+    protected = set(protect)
+    vanished = [
+        k
+        for k, record in stored.items()
+        if k not in seen
+        and k not in protected
+        and all(record.get(c) == v for c, v in (vanish_filter or {}).items())
+    ]
+    result.vanished = vanished
+    if vanished and on_vanish != "keep":
+        _apply_vanish(conn, table, key, vanished, stored, on_vanish, now, has_updated)
+    return result
+
+
+def _apply_vanish(
+    conn: Connection,
+    table: Table,
+    key: Sequence[str],
+    vanished: list[tuple],
+    stored: Mapping[tuple, Row],
+    on_vanish: Vanish,
+    now: datetime,
+    has_updated: bool,
+) -> None:
+    key_expr = tuple_(*(table.c[k] for k in key))
+    if on_vanish == "delete":
+        for start in range(0, len(vanished), BATCH_ROWS):
+            conn.execute(delete(table).where(key_expr.in_(vanished[start : start + BATCH_ROWS])))
+        return
+    if callable(on_vanish):
+        rows = [{**dict(zip(key, k, strict=True)), **on_vanish(stored[k])} for k in vanished]
+        stamp = {"updated_at": now} if has_updated else {}
+        bulk_upsert(conn, table, [{**row, **stamp} for row in rows])
+        return
+    values = {**dict(on_vanish), **({"updated_at": now} if has_updated else {})}
+    for start in range(0, len(vanished), BATCH_ROWS):
+        conn.execute(update(table).where(key_expr.in_(vanished[start : start + BATCH_ROWS])).values(**values))
+
+
+def _differs(stored: Any, seen: Any) -> bool:
+    if isinstance(stored, float) or isinstance(seen, float):
+        if stored is None or seen is None:
+            return stored is not seen
+        return abs(float(stored) - float(seen)) > 1e-9 * max(1.0, abs(float(seen)))
+    return stored != seen
