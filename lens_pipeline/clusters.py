@@ -18,7 +18,7 @@ from lens_pipeline.vendors import VENDOR_CHOICES
 
 # A DNS-1123 label: also keeps `,` and `|` out of partition keys, which break Dagster backfills.
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_KUBECONFIG_SUFFIXES = ("", ".yaml", ".yml", ".kubeconfig", ".conf")
+_KUBECONFIG_SUFFIXES = (".yaml", ".yml", ".kubeconfig", ".conf")
 _ENTRY_FIELDS = {
     "name",
     "vendor",
@@ -162,7 +162,8 @@ def _entries_from_kubeconfig_dir(
         # Mounted Secrets carry `..data` symlinks and dot-files beside the keys.
         if file.name.startswith(".") or not file.is_file():
             continue
-        name = next(file.name[: -len(s)] for s in reversed(_KUBECONFIG_SUFFIXES) if file.name.endswith(s))
+        suffix = next((s for s in _KUBECONFIG_SUFFIXES if s and file.name.endswith(s)), "")
+        name = file.name.removesuffix(suffix) if suffix else file.name
         entry = {**defaults, "name": name, "kubeconfig": str(file)}
         entries.append(entry)
     return entries, []
@@ -171,7 +172,6 @@ def _entries_from_kubeconfig_dir(
 def _build(entries: list[dict[str, Any]], errors: list[RegistryError], base: Path, source: str) -> Registry:
     clusters: dict[str, ClusterConfig] = {}
     for raw in entries:
-        name = raw.get("name")
         cluster, problems = _parse_entry(raw, base)
         if problems:
             errors.extend(problems)
@@ -179,7 +179,6 @@ def _build(entries: list[dict[str, Any]], errors: list[RegistryError], base: Pat
             errors.append(RegistryError(cluster.name, "name", "listed twice; the first entry is kept"))
         elif cluster is not None:
             clusters[cluster.name] = cluster
-        del name
     return Registry(clusters, errors, source)
 
 

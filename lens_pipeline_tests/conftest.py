@@ -1,0 +1,78 @@
+"""Shared fixtures: real databases (SQLite always; PostgreSQL and MariaDB when their URLs are set).
+
+`LENS_TEST_POSTGRES_URL` / `LENS_TEST_MYSQL_URL` point at a server where the tests may create and
+drop databases. Unset, those tests skip with a reason; on CI (`CI=true`) a skip is a failure, so
+a missing service cannot pass unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from lens_pipeline.store.db import dispose_engines
+
+ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+DIALECT_ENV = {"postgresql": "LENS_TEST_POSTGRES_URL", "mysql": "LENS_TEST_MYSQL_URL"}
+
+
+def skip_unless(condition: bool, reason: str) -> None:
+    """Skip a test that needs something absent; on CI the absence is a failure instead."""
+    if condition:
+        return
+    if ON_CI:
+        pytest.fail(f"required on CI: {reason}")
+    pytest.skip(reason)
+
+
+def _server_database(dialect: str, purpose: str) -> Iterator[str]:
+    env = DIALECT_ENV[dialect]
+    admin_url = os.environ.get(env)
+    skip_unless(bool(admin_url), f"{env} is not set: no {dialect} server to test against")
+    name = f"{purpose}_t_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    try:
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        dispose_engines()
+        with admin.connect() as conn:
+            if dialect == "postgresql":
+                conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            else:
+                conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+def db_urls(request: pytest.FixtureRequest, tmp_path) -> Iterator[tuple[str, str]]:
+    """(Lens URL, SaFE URL) of two fresh, empty databases of one dialect."""
+    dialect = request.param
+    if dialect == "sqlite":
+        yield f"sqlite:///{tmp_path / 'lens.db'}", f"sqlite:///{tmp_path / 'safe.db'}"
+        dispose_engines()
+        return
+    lens = _server_database(dialect, "lens")
+    safe = _server_database(dialect, "safe")
+    try:
+        yield next(lens), next(safe)
+    finally:
+        for generator in (lens, safe):
+            generator.close()
+
+
+@pytest.fixture
+def lens_url(db_urls: tuple[str, str]) -> str:
+    return db_urls[0]
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> Iterator[str]:
+    yield f"sqlite:///{tmp_path / 'lens.db'}"
+    dispose_engines()

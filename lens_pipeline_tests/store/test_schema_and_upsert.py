@@ -1,0 +1,168 @@
+"""The store on every dialect: migrations, unique keys, the one bulk upsert, snapshot sync."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import inspect, select
+from sqlalchemy.exc import IntegrityError
+
+from lens_pipeline.store.db import get_engine, write_transaction
+from lens_pipeline.store.migrate import current_revision, ensure_schema, head_revision, upgrade
+from lens_pipeline.store.schema import LENS_TABLES, SAFE_TABLES, logical_key, node, node_statistic
+from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def _node(name: str, **overrides) -> dict:
+    return {
+        "cluster_name": "c1",
+        "name": name,
+        "gpu_count": 8,
+        "gpu_allocation": 0,
+        "status": "Ready",
+        "taints": {},
+        "labels": {"a": "b"},
+        "gpu_utilization": 12.5,
+        **overrides,
+    }
+
+
+def test_migrations_create_every_table_with_its_unique_key(db_urls):
+    lens_url, safe_url = db_urls
+    for url, database, tables in ((lens_url, "lens", LENS_TABLES), (safe_url, "safe", SAFE_TABLES)):
+        engine = get_engine(url)
+        upgrade(engine, database)
+        upgrade(engine, database)  # a second upgrade is a no-op
+        assert current_revision(engine, database) == head_revision(database)
+        inspector = inspect(engine)
+        for name, table in tables.items():
+            uniques = [tuple(u["column_names"]) for u in inspector.get_unique_constraints(name)]
+            unique_indexes = [
+                tuple(i["column_names"]) for i in inspector.get_indexes(name) if i.get("unique")
+            ]
+            assert logical_key(table) in uniques + unique_indexes, (name, uniques, unique_indexes)
+            if database == "lens":
+                assert "cluster_name" in {c["name"] for c in inspector.get_columns(name)}
+
+
+def test_unique_key_is_enforced_by_the_database(lens_url):
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    with write_transaction(engine) as conn:
+        conn.execute(node.insert(), [_node("n1")])
+    with pytest.raises(IntegrityError), write_transaction(engine) as conn:
+        conn.execute(node.insert(), [_node("n1")])
+
+
+def test_bulk_upsert_inserts_then_updates_and_keeps_created_at(lens_url):
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    rows = [_node(f"n{i:04d}", created_at=T0, updated_at=T0) for i in range(2500)]
+    with write_transaction(engine) as conn:
+        assert bulk_upsert(conn, node, rows, batch_rows=1000) == 2500
+    later = T0 + timedelta(hours=1)
+    changed = [{**r, "gpu_allocation": 4, "created_at": later, "updated_at": later} for r in rows[:10]]
+    with write_transaction(engine) as conn:
+        bulk_upsert(conn, node, changed)
+    with engine.connect() as conn:
+        stored = {r.name: r for r in conn.execute(select(node)).all()}
+    assert len(stored) == 2500
+    first = stored["n0000"]
+    assert first.gpu_allocation == 4
+    assert first.created_at == T0 and first.created_at.tzinfo is not None  # never overwritten
+    assert first.updated_at == later
+    assert first.labels == {"a": "b"} and first.taints == {}
+    assert stored["n0010"].gpu_allocation == 0
+
+
+def test_bulk_upsert_with_nothing_to_update_ignores_conflicts(lens_url):
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    with write_transaction(engine) as conn:
+        bulk_upsert(conn, node, [_node("n1")])
+        bulk_upsert(conn, node, [_node("n1", gpu_count=1)], update_columns=[])
+    with engine.connect() as conn:
+        assert conn.execute(select(node.c.gpu_count)).scalar_one() == 8
+
+
+def test_naive_datetimes_are_refused(sqlite_url):
+    engine = get_engine(sqlite_url)
+    ensure_schema(engine, "lens")
+    with pytest.raises(Exception, match="naive datetime"), write_transaction(engine) as conn:
+        bulk_upsert(conn, node, [_node("n1", created_at=datetime(2026, 1, 1))])
+
+
+def test_sync_snapshot_writes_only_the_difference(lens_url):
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    scope = {"cluster_name": "c1"}
+    with write_transaction(engine) as conn:
+        first = sync_snapshot(conn, node, scope, [_node("a"), _node("b"), _node("c")], now=T0)
+    assert len(first.inserted) == 3 and first.written == 3
+
+    with write_transaction(engine) as conn:
+        again = sync_snapshot(
+            conn, node, scope, [_node("a"), _node("b"), _node("c")], now=T0 + timedelta(minutes=1)
+        )
+    assert again.written == 0 and again.unchanged == 3
+
+    later = T0 + timedelta(minutes=2)
+    with write_transaction(engine) as conn:
+        result = sync_snapshot(
+            conn, node, scope, [_node("a", gpu_allocation=8), _node("d")], now=later, protect=[("c1", "c")]
+        )
+    assert result.updated == [("c1", "a")]
+    assert result.inserted == [("c1", "d")]
+    assert result.vanished == [("c1", "b")]  # c is protected: unreadable this run, not gone
+    with engine.connect() as conn:
+        stored = {r.name: r for r in conn.execute(select(node))}
+    assert sorted(stored) == ["a", "c", "d"]
+    assert stored["a"].updated_at == later and stored["a"].created_at == T0
+    assert stored["c"].updated_at == T0
+
+
+def test_sync_snapshot_marks_instead_of_deleting(sqlite_url):
+    engine = get_engine(sqlite_url)
+    ensure_schema(engine, "lens")
+    with write_transaction(engine) as conn:
+        sync_snapshot(conn, node, {"cluster_name": "c1"}, [_node("a"), _node("b")], now=T0)
+        sync_snapshot(
+            conn,
+            node,
+            {"cluster_name": "c1"},
+            [_node("a")],
+            now=T0,
+            on_vanish={"status": "Gone"},
+            compare=["gpu_count"],
+        )
+    with engine.connect() as conn:
+        assert dict(conn.execute(select(node.c.name, node.c.status)).all()) == {"a": "Ready", "b": "Gone"}
+
+
+def test_a_failed_transaction_leaves_the_previous_snapshot_whole(sqlite_url):
+    engine = get_engine(sqlite_url)
+    ensure_schema(engine, "lens")
+    with write_transaction(engine) as conn:
+        sync_snapshot(conn, node, {"cluster_name": "c1"}, [_node("a"), _node("b")], now=T0)
+    with pytest.raises(RuntimeError), write_transaction(engine) as conn:
+        sync_snapshot(conn, node, {"cluster_name": "c1"}, [_node("z")], now=T0)
+        raise RuntimeError("collector died half-way")
+    with engine.connect() as conn:
+        assert sorted(conn.execute(select(node.c.name)).scalars()) == ["a", "b"]
+
+
+def test_safe_tables_live_in_their_own_database(db_urls):
+    _, safe_url = db_urls
+    engine = get_engine(safe_url)
+    ensure_schema(engine, "safe")
+    row = {"cluster": "default", "node_name": "n1", "gpu_utilization": 42.5, "created_at": T0}
+    with write_transaction(engine) as conn:
+        bulk_upsert(conn, node_statistic, [row])
+        bulk_upsert(conn, node_statistic, [{**row, "gpu_utilization": 50.25}])
+    with engine.connect() as conn:
+        (value,) = conn.execute(select(node_statistic.c.gpu_utilization)).one()
+    assert float(value) == 50.25
+    assert "node" not in inspect(engine).get_table_names()

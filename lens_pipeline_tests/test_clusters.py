@@ -1,0 +1,163 @@
+"""The cluster registry: every bad entry is a named error, and never stops the others."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lens_pipeline.clusters import ClusterNotFound, load_registry, validate_cluster_name
+
+
+def _kubeconfig(path: Path, contexts: tuple[str, ...] = ("ctx",), current: str | None = "ctx") -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": c, "cluster": {"server": "http://127.0.0.1:1"}} for c in contexts],
+                "users": [{"name": "u", "user": {"token": "s3cret-token"}}],
+                "contexts": [{"name": c, "context": {"cluster": c, "user": "u"}} for c in contexts],
+                "current-context": current,
+            }
+        )
+    )
+    return path
+
+
+def _registry(tmp_path: Path, document: object) -> Path:
+    path = tmp_path / "clusters.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [
+        ("prod-a", True),
+        ("a", True),
+        ("x" * 63, True),
+        ("x" * 64, False),
+        ("Prod", False),
+        ("a,b", False),
+        ("a|b", False),
+        ("-a", False),
+        ("a-", False),
+        ("a_b", False),
+        ("", False),
+        (None, False),
+        (7, False),
+    ],
+)
+def test_cluster_names_are_dns1123_labels(name, valid):
+    assert (validate_cluster_name(name) is None) is valid
+
+
+def test_good_entries_load_and_bad_ones_are_named_errors(tmp_path):
+    _kubeconfig(tmp_path / "a.yaml", contexts=("ctx", "other"))
+    registry = load_registry(
+        _registry(
+            tmp_path,
+            {
+                "clusters": [
+                    {
+                        "name": "alpha",
+                        "kubeconfig": "a.yaml",
+                        "prometheus_url": "http://prom:9090/",
+                        "vendor": "amd",
+                    },
+                    {"name": "beta", "kubeconfig": "a.yaml", "context": "other", "vendor": "nvidia"},
+                    {"name": "gamma", "kubeconfig": "missing.yaml"},
+                    {"name": "delta", "kubeconfig": "a.yaml", "context": "nope"},
+                    {"name": "Bad,Name", "kubeconfig": "a.yaml"},
+                    {"name": "eps", "kubeconfig": "a.yaml", "vendor": "intel"},
+                    {"name": "zeta", "server": "https://10.0.0.1:6443"},
+                    {"name": "eta", "in_cluster": True, "prometheus_url": "ftp://x"},
+                    {"name": "alpha", "kubeconfig": "a.yaml"},
+                    "not-a-mapping",
+                ]
+            },
+        )
+    )
+    assert registry.names == ["alpha", "beta"]
+    alpha = registry.get("alpha")
+    assert alpha.prometheus_url == "http://prom:9090" and alpha.vendor == "amd" and alpha.context is None
+    assert registry.get("beta").context == "other"
+    problems = {(e.cluster, e.field) for e in registry.errors}
+    assert {
+        ("gamma", "kubeconfig"),
+        ("delta", "context"),
+        ("eps", "vendor"),
+        ("zeta", "token"),
+        ("eta", "prometheus_url"),
+        ("alpha", "name"),
+        (None, "clusters[9]"),
+    } <= problems
+    assert any(e.field == "name" and "Bad,Name" in e.message for e in registry.errors)
+    with pytest.raises(ClusterNotFound, match="context 'nope' is not in"):
+        registry.get("delta")
+    with pytest.raises(ClusterNotFound, match="not in the registry"):
+        registry.get("omega")
+
+
+def test_errors_and_reprs_never_show_credentials(tmp_path):
+    _kubeconfig(tmp_path / "a.yaml")
+    registry = load_registry(
+        _registry(
+            tmp_path,
+            {
+                "clusters": [
+                    {"name": "tok", "server": "https://k:6443", "token": "very-secret"},
+                    {"name": "broken", "kubeconfig": "a.yaml", "context": "zzz"},
+                ]
+            },
+        )
+    )
+    assert "very-secret" not in repr(registry.get("tok"))
+    assert all("s3cret" not in str(e) for e in registry.errors)
+
+
+def test_a_directory_of_kubeconfigs_is_a_registry(tmp_path):
+    secret = tmp_path / "multi-k8s-config"
+    secret.mkdir()
+    _kubeconfig(secret / "east")
+    _kubeconfig(secret / "west.yaml")
+    (secret / "..data").mkdir()  # what a mounted Secret carries beside its keys
+    (secret / "broken").write_text("{not: yaml: at all")
+    registry = load_registry(secret)
+    assert registry.names == ["east", "west"]
+    assert [e.cluster for e in registry.errors] == ["broken"]
+
+
+def test_a_registry_can_add_a_kubeconfig_directory_with_defaults(tmp_path):
+    (tmp_path / "kc").mkdir()
+    _kubeconfig(tmp_path / "kc" / "east")
+    _kubeconfig(tmp_path / "kc" / "west")
+    registry = load_registry(
+        _registry(
+            tmp_path,
+            {
+                "kubeconfig_dir": "kc",
+                "defaults": {"vendor": "nvidia", "prometheus_url": "http://prom.{name}.svc:9090"},
+                "clusters": [{"name": "west", "kubeconfig": "kc/west", "vendor": "amd"}],
+            },
+        )
+    )
+    assert registry.get("east").prometheus_url == "http://prom.east.svc:9090"
+    assert registry.get("east").vendor == "nvidia"
+    assert registry.get("west").vendor == "amd"
+
+
+@pytest.mark.parametrize("content", ["", "[1, 2]", "clusters: 5", "{{{"])
+def test_unusable_files_are_errors_not_crashes(tmp_path, content):
+    path = tmp_path / "clusters.yaml"
+    path.write_text(content)
+    registry = load_registry(path)
+    assert registry.clusters == {}
+    assert content == "" or registry.errors
+
+
+def test_a_missing_registry_file_is_an_error(tmp_path):
+    registry = load_registry(tmp_path / "nope.yaml")
+    assert registry.clusters == {} and registry.errors[0].field == "path"
