@@ -76,3 +76,18 @@ def lens_url(db_urls: tuple[str, str]) -> str:
 def sqlite_url(tmp_path) -> Iterator[str]:
     yield f"sqlite:///{tmp_path / 'lens.db'}"
     dispose_engines()
+
+
+_skipped_on_ci: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if ON_CI and report.skipped and not hasattr(report, "wasxfail"):
+        _skipped_on_ci.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # On CI nothing may quietly skip: a missing service or tool is a failure there.
+    if ON_CI and _skipped_on_ci and exitstatus == 0:
+        print(f"\nCI: {len(_skipped_on_ci)} tests were skipped, which CI does not allow: {_skipped_on_ci[:10]}")
+        session.exitstatus = 1

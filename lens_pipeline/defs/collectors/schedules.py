@@ -14,12 +14,11 @@ from dagster import (
 )
 
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
-from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, CLUSTER_TAG, cluster_partitions
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, CLUSTER_TAG
 
 collect_cluster_job = define_asset_job(
     "collect_cluster",
     selection=AssetSelection.assets(gpu_nodes),
-    partitions_def=cluster_partitions,
     executor_def=in_process_executor,
     description="Every collector of one cluster, in one process (startup costs seconds per run).",
 )

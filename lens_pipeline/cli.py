@@ -1,0 +1,135 @@
+"""The `lens` command: `lens demo`, `lens sim`, `lens db upgrade`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lens_pipeline import settings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lens", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    db = commands.add_parser("db", help="database schema")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    upgrade = db_commands.add_parser("upgrade", help="run the Alembic migrations (Lens and SaFE databases)")
+    upgrade.add_argument("--database", choices=("lens", "safe", "both"), default="both")
+    upgrade.add_argument("--revision", default="head")
+
+    commands.add_parser(
+        "sim", help="serve a fleet of simulated clusters (see `lens sim --help`)", add_help=False
+    )
+
+    demo = commands.add_parser("demo", help="simulated clusters + embedded SQLite + the Dagster UI")
+    demo.add_argument("--clusters", type=int, default=4)
+    demo.add_argument("--nodes", type=int, default=24)
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--port", type=int, default=3000, help="Dagster UI port")
+    demo.add_argument("--state-dir", default=".lens/demo", help="where the demo keeps its databases")
+    demo.add_argument("--fresh", action="store_true", help="start from empty databases")
+
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "sim":
+        from lens_pipeline.sim.cli import main as sim_main
+
+        return sim_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "db":
+        return _db_upgrade(args.database, args.revision)
+    return _demo(args)
+
+
+def _db_upgrade(which: str, revision: str) -> int:
+    from lens_pipeline.store.db import get_engine
+    from lens_pipeline.store.migrate import upgrade
+
+    targets = {"lens": settings.lens_database_url(), "safe": settings.safe_database_url()}
+    for database, url in targets.items():
+        if which in (database, "both"):
+            upgrade(get_engine(url), database, revision)  # type: ignore[arg-type]
+            print(f"{database} database at {_safe_url(url)}: at revision {revision}")
+    return 0
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """Start the simulator in this process and `dagster dev` beside it; Ctrl-C stops both."""
+    from lens_pipeline.sim.fleet import SimFleet
+    from lens_pipeline.sim.server import SimServer, write_registry
+
+    state = Path(args.state_dir).resolve()
+    if args.fresh and state.exists():
+        shutil.rmtree(state)
+    home = state / "dagster_home"
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+
+    print(
+        f"[lens demo] generating {args.clusters} simulated clusters of {args.nodes} GPU nodes (seed {args.seed})"
+    )
+    fleet = SimFleet.generate(clusters=args.clusters, nodes=args.nodes, seed=args.seed, vendor="mixed")
+    server = SimServer(fleet)
+    server.start()
+    registry = state / "clusters.yaml"
+    write_registry(registry, server)
+    print(f"[lens demo] simulator on {server.url}; registry {registry}")
+
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        settings.LENS_CLUSTERS_FILE: str(registry),
+        settings.LENS_DATABASE_URL: os.environ.get(settings.LENS_DATABASE_URL)
+        or f"sqlite:///{state / 'lens.db'}",
+        settings.LENS_SAFE_DATABASE_URL: os.environ.get(settings.LENS_SAFE_DATABASE_URL)
+        or f"sqlite:///{state / 'safe.db'}",
+    }
+    os.environ.update(env)
+    _db_upgrade("both", "head")
+    dagster = Path(sys.executable).with_name("dagster")
+    command = [
+        str(dagster) if dagster.exists() else "dagster",
+        "dev",
+        "-w",
+        str(REPO_ROOT / "workspace.yaml"),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(args.port),
+    ]
+    print(f"[lens demo] starting Dagster: UI on http://127.0.0.1:{args.port}  (Ctrl-C stops everything)")
+    print("[lens demo] the registry sensor adds the clusters within 30 s; the schedule collects every minute")
+    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, start_new_session=True)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        print("\n[lens demo] stopping Dagster and the simulator")
+        return 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGINT)
+            deadline = time.monotonic() + 20
+            while process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The partition sensor and the per-minute schedule, evaluated against a real ephemeral instance."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+import yaml
+from dagster import SensorResult, SkipReason, build_schedule_context, build_sensor_context, instance_for_test
+from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+
+from lens_pipeline.defs.collectors.schedules import collect_every_minute
+from lens_pipeline.defs.fleet.sensors import cluster_registry_sensor
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, CLUSTER_TAG
+from lens_pipeline.defs.resources import ClusterRegistryResource
+
+
+def _write_registry(tmp_path, names):
+    kubeconfig = tmp_path / "kc.yaml"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    path = tmp_path / "clusters.yaml"
+    path.write_text(yaml.safe_dump({"clusters": [{"name": n, "kubeconfig": "kc.yaml"} for n in names]}))
+    return path
+
+
+def _tick(instance, registry_path):
+    context = build_sensor_context(
+        instance=instance, resources={"registry": ClusterRegistryResource(clusters_file=str(registry_path))}
+    )
+    result = cluster_registry_sensor(context)
+    if isinstance(result, SensorResult):
+        for request in result.dynamic_partitions_requests or []:
+            if type(request).__name__ == "AddDynamicPartitionsRequest":
+                instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+            else:
+                for key in request.partition_keys:
+                    instance.delete_dynamic_partition(request.partitions_def_name, key)
+    return result
+
+
+@pytest.fixture
+def instance():
+    with instance_for_test() as instance:
+        yield instance
+
+
+def _partitions(instance):
+    return sorted(instance.get_dynamic_partitions(CLUSTER_PARTITIONS_NAME))
+
+
+def test_sensor_adds_new_clusters_and_removes_gone_ones(instance, tmp_path):
+    path = _write_registry(tmp_path, ["east", "west"])
+    assert isinstance(_tick(instance, path), SensorResult)
+    assert _partitions(instance) == ["east", "west"]
+    assert isinstance(_tick(instance, path), SkipReason)  # nothing changed
+
+    _write_registry(tmp_path, ["west", "north"])
+    _tick(instance, path)
+    assert _partitions(instance) == ["north", "west"]
+
+
+def test_a_cluster_with_a_run_in_flight_is_removed_only_after_it_ends(instance, tmp_path):
+    path = _write_registry(tmp_path, ["east", "west"])
+    _tick(instance, path)
+    run = DagsterRun(
+        job_name="collect_cluster",
+        run_id="r-east-1",
+        status=DagsterRunStatus.STARTED,
+        tags={"dagster/partition": "east", CLUSTER_TAG: "east"},
+    )
+    instance.add_run(run)
+    _write_registry(tmp_path, ["west"])
+    _tick(instance, path)
+    assert _partitions(instance) == ["east", "west"]
+
+    instance.report_run_failed(run)
+    _tick(instance, path)
+    assert _partitions(instance) == ["west"]
+
+
+def test_an_unreadable_registry_removes_nothing(instance, tmp_path):
+    path = _write_registry(tmp_path, ["east"])
+    _tick(instance, path)
+    path.write_text("{{ not yaml")
+    _tick(instance, path)
+    path.unlink()
+    _tick(instance, path)
+    assert _partitions(instance) == ["east"]
+
+
+def test_a_broken_entry_keeps_its_partition(instance, tmp_path):
+    path = _write_registry(tmp_path, ["east", "west"])
+    _tick(instance, path)
+    document = yaml.safe_load(path.read_text())
+    document["clusters"][0]["kubeconfig"] = "missing.yaml"
+    path.write_text(yaml.safe_dump(document))
+    _tick(instance, path)
+    assert _partitions(instance) == ["east", "west"]
+
+
+def test_schedule_requests_one_run_per_cluster_per_tick(instance):
+    instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, ["b", "a"])
+    tick = datetime(2026, 11, 22, 10, 5, tzinfo=UTC)
+    requests = collect_every_minute(build_schedule_context(instance=instance, scheduled_execution_time=tick))
+    assert [r.partition_key for r in requests] == ["a", "b"]
+    assert [r.tags[CLUSTER_TAG] for r in requests] == ["a", "b"]
+    assert len({r.run_key for r in requests}) == 2 and all(tick.isoformat() in r.run_key for r in requests)
+
+
+def test_schedule_skips_without_clusters(instance):
+    result = collect_every_minute(build_schedule_context(instance=instance))
+    assert isinstance(result, SkipReason)
