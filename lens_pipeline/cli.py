@@ -71,7 +71,8 @@ def _safe_url(url: str) -> str:
 def _demo(args: argparse.Namespace) -> int:
     """Start the simulator in this process and `dagster dev` beside it; Ctrl-C stops both."""
     from lens_pipeline.sim.fleet import SimFleet
-    from lens_pipeline.sim.server import SimServer, write_registry
+    from lens_pipeline.sim.registry import write_registry
+    from lens_pipeline.sim.server import SimServer
 
     state = Path(args.state_dir).resolve()
     if args.fresh and state.exists():

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
 
 
 class PromError(RuntimeError):
@@ -26,13 +27,23 @@ class PromReader:
     cluster: str
     url: str
     timeout_seconds: float = 30.0
+    retries: int = 2
     queries: int = 0
     _client: PrometheusConnect | None = field(default=None, repr=False)
 
     @property
     def client(self) -> PrometheusConnect:
         if self._client is None:
-            self._client = PrometheusConnect(url=self.url, disable_ssl=False, timeout=self.timeout_seconds)
+            # Transient gateway errors are retried a little, then reported; the run never hangs on them.
+            retry = Retry(
+                total=self.retries,
+                backoff_factor=0.2,
+                status_forcelist=(429, 502, 503, 504),
+                allowed_methods=("GET", "POST"),
+            )
+            self._client = PrometheusConnect(
+                url=self.url, disable_ssl=False, timeout=self.timeout_seconds, retry=retry
+            )
         return self._client
 
     def vector(self, query: str) -> list[Sample]:
@@ -43,7 +54,7 @@ class PromReader:
         except PrometheusApiClientException as exc:
             raise PromError(self.cluster, query, str(exc)[:300]) from None
         except requests.RequestException as exc:
-            raise PromError(self.cluster, query, f"{type(exc).__name__}: {str(exc)[:200]}") from None
+            raise PromError(self.cluster, query, _request_failure(exc)) from None
         except ValueError as exc:  # a 200 whose body is not the JSON Prometheus answers with
             raise PromError(self.cluster, query, f"malformed response: {exc}") from None
         samples = []
@@ -56,3 +67,16 @@ class PromReader:
             if math.isfinite(value):
                 samples.append(Sample(labels, value))
         return samples
+
+
+def _request_failure(exc: requests.RequestException) -> str:
+    """The root cause of a failed request ("too many 503 error responses", "Connection refused")."""
+    cause: BaseException = exc
+    for _ in range(5):
+        inner = getattr(cause, "reason", None)
+        if inner is None and cause.args and isinstance(cause.args[0], BaseException):
+            inner = cause.args[0]
+        if not isinstance(inner, BaseException) or inner is cause:
+            break
+        cause = inner
+    return f"{type(exc).__name__}: {str(cause)[:200]}"

@@ -1,0 +1,7 @@
+"""`python -m lens_pipeline.sim`: the same as `lens sim`."""
+
+import sys
+
+from lens_pipeline.sim.cli import main
+
+sys.exit(main())

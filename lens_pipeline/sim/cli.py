@@ -1,0 +1,76 @@
+"""`lens sim`: serve a simulated fleet over HTTP and write the registry the pipeline reads."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lens sim", description="Serve a fleet of simulated GPU clusters.")
+    parser.add_argument("--clusters", type=int, default=2, help="number of clusters (default 2)")
+    parser.add_argument("--nodes", type=int, default=10, help="GPU nodes per cluster (default 10)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed; same seed, same fleet (default 0)")
+    parser.add_argument(
+        "--vendor",
+        choices=("amd", "nvidia", "mixed"),
+        default="mixed",
+        help="GPU vendor of the clusters; mixed alternates (default mixed)",
+    )
+    parser.add_argument(
+        "--pods-per-node", type=float, default=2.0, help="workload pods per GPU node (default 2)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
+    parser.add_argument(
+        "--continue-ttl",
+        type=float,
+        default=300.0,
+        help="seconds a list continue token stays valid (default 300)",
+    )
+    parser.add_argument(
+        "--registry-out", metavar="FILE", help="write the cluster registry (and kubeconfigs) here"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    fleet = SimFleet.generate(
+        args.clusters, args.nodes, args.seed, args.vendor, args.pods_per_node, continue_ttl=args.continue_ttl
+    )
+    # The fleet lives until exit; frozen, the cyclic GC stops rescanning its millions of objects on
+    # every request, which otherwise costs more than answering (a 5,000-node query: 0.75 s -> 0.25 s).
+    gc.freeze()
+    server = SimServer(fleet, host=args.host, port=args.port).start()
+    stopped = threading.Event()
+    # SIGTERM (docker stop, kill) ends the process as cleanly as Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        if args.registry_out:
+            print(f"registry: {write_registry(args.registry_out, server)}")
+        for cluster in fleet:
+            print(
+                f"{cluster.name} ({cluster.vendor}, {len(cluster.node_names())} GPU nodes): "
+                f"{server.base_url(cluster.name)}"
+            )
+        print("serving; Ctrl-C to stop", flush=True)
+        while not stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Builders of real-shaped Kubernetes Node and Pod JSON (conditions, taints, container statuses), as
+the kubelet, the node lifecycle controller and admission plugins would leave them."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from lens_pipeline.sim.vendors import SimVendor
+
+CONTAINERD_VERSION = "containerd://1.7.13"
+OS_IMAGE = "Ubuntu 22.04.4 LTS"
+KERNEL_VERSION = "5.15.0-116-generic"
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what Kubernetes uses for generated name suffixes
+
+
+def rfc3339(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+def stable_hash(text: str) -> int:
+    # hash() of a str changes per process (PYTHONHASHSEED); crc32 does not.
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def new_uid(rng: random.Random) -> str:
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def suffix(rng: random.Random, length: int = 5) -> str:
+    return "".join(rng.choice(_NAME_ALPHABET) for _ in range(length))
+
+
+def image_id(image: str) -> str:
+    repository = image.rsplit(":", 1)[0]
+    return f"{repository}@sha256:{hashlib.sha256(image.encode()).hexdigest()}"
+
+
+def _condition(
+    kind: str, status: str, reason: str, message: str, heartbeat: float, transition: float
+) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "status": status,
+        "lastHeartbeatTime": rfc3339(heartbeat),
+        "lastTransitionTime": rfc3339(transition),
+        "reason": reason,
+        "message": message,
+    }
+
+
+def node_conditions(ready: bool | None, heartbeat: float, transition: float) -> list[dict[str, Any]]:
+    """Kubelet conditions; when the kubelet stops reporting (ready None) the node controller sets all Unknown."""
+    if ready is None:
+        unknown = ("NodeStatusUnknown", "Kubelet stopped posting node status.")
+        return [
+            _condition(kind, "Unknown", *unknown, heartbeat, transition)
+            for kind in ("MemoryPressure", "DiskPressure", "PIDPressure", "Ready")
+        ]
+    since = min(transition, heartbeat)
+    return [
+        _condition(
+            "MemoryPressure",
+            "False",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+            heartbeat,
+            since,
+        ),
+        _condition(
+            "DiskPressure",
+            "False",
+            "KubeletHasNoDiskPressure",
+            "kubelet has no disk pressure",
+            heartbeat,
+            since,
+        ),
+        _condition(
+            "PIDPressure",
+            "False",
+            "KubeletHasSufficientPID",
+            "kubelet has sufficient PID available",
+            heartbeat,
+            since,
+        ),
+        _condition("Ready", "True", "KubeletReady", "kubelet is posting ready status", heartbeat, transition)
+        if ready
+        else _condition(
+            "Ready",
+            "False",
+            "KubeletNotReady",
+            "PLEG is not healthy: pleg was last seen active 3m10s ago; threshold is 3m0s",
+            heartbeat,
+            transition,
+        ),
+    ]
+
+
+# Taints the node lifecycle controller keeps in step with the Ready condition.
+_READINESS_TAINTS = {False: "node.kubernetes.io/not-ready", None: "node.kubernetes.io/unreachable"}
+
+
+def readiness_taints(taints: list[dict[str, Any]], ready: bool | None, now: float) -> list[dict[str, Any]]:
+    kept = [t for t in taints if t.get("key") not in _READINESS_TAINTS.values()]
+    if ready is not True:
+        kept.append({"key": _READINESS_TAINTS[ready], "effect": "NoExecute", "timeAdded": rfc3339(now)})
+    return kept
+
+
+def node_info(rng: random.Random, kubelet_version: str) -> dict[str, str]:
+    return {
+        "machineID": uuid.UUID(int=rng.getrandbits(128)).hex,
+        "systemUUID": str(uuid.UUID(int=rng.getrandbits(128))),
+        "bootID": new_uid(rng),
+        "kernelVersion": KERNEL_VERSION,
+        "osImage": OS_IMAGE,
+        "containerRuntimeVersion": CONTAINERD_VERSION,
+        "kubeletVersion": kubelet_version,
+        "kubeProxyVersion": kubelet_version,
+        "operatingSystem": "linux",
+        "architecture": "amd64",
+    }
+
+
+def node_addresses(index: int, name: str) -> tuple[list[dict[str, str]], str]:
+    address = f"10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255}"
+    cidr = f"10.{128 + (index >> 8) % 128}.{index & 255}.0/24"
+    return [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}], cidr
+
+
+def base_node_labels(name: str, index: int) -> dict[str, str]:
+    """Well-known labels; nodes spread over three zones, 32 to a rack."""
+    return {
+        "beta.kubernetes.io/arch": "amd64",
+        "beta.kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "topology.kubernetes.io/zone": f"zone-{index % 3}",
+        "lens.sim/rack": f"rack-{index // 32:03d}",
+    }
+
+
+NODE_ANNOTATIONS = {
+    "kubeadm.alpha.kubernetes.io/cri-socket": "unix:///run/containerd/containerd.sock",
+    "node.alpha.kubernetes.io/ttl": "0",
+    "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+}
+
+
+def _pod_conditions(
+    phase: str, scheduled: bool, has_init: bool, created: float, started: float, changed: float
+) -> list[dict[str, Any]]:
+    def condition(kind: str, status: bool, at: float, reason: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": kind,
+            "status": "True" if status else "False",
+            "lastProbeTime": None,
+            "lastTransitionTime": rfc3339(at),
+        }
+        if reason:
+            body["reason"] = reason
+        return body
+
+    if not scheduled:
+        unschedulable = condition("PodScheduled", False, created, "Unschedulable")
+        unschedulable["message"] = "no nodes are available: Insufficient GPUs."
+        return [unschedulable]
+    running = phase == "Running"
+    done_reason = "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
+    return [
+        condition("PodReadyToStartContainers", phase != "Pending", started),
+        condition(
+            "Initialized",
+            phase != "Pending" or not has_init,
+            started,
+            None if phase != "Pending" or not has_init else "ContainersNotInitialized",
+        ),
+        condition("Ready", running, changed, None if running else done_reason),
+        condition("ContainersReady", running, changed, None if running else done_reason),
+        condition("PodScheduled", True, min(created + 1, started)),
+    ]
+
+
+def _container_state(phase: str, started: float, finished: float) -> dict[str, Any]:
+    if phase == "Running":
+        return {"running": {"startedAt": rfc3339(started)}}
+    if phase == "Pending":
+        return {"waiting": {"reason": "ContainerCreating"}}
+    exit_code, reason = (0, "Completed") if phase == "Succeeded" else (1, "Error")
+    return {
+        "terminated": {
+            "exitCode": exit_code,
+            "reason": reason,
+            "startedAt": rfc3339(started),
+            "finishedAt": rfc3339(finished),
+        }
+    }
+
+
+def pod_status(
+    phase: str,
+    spec: dict[str, Any],
+    created: float,
+    started: float,
+    changed: float,
+    pod_ip: str,
+    host_ip: str,
+    restarts: dict[str, int],
+) -> dict[str, Any]:
+    """Status as the kubelet reports it for a pod that entered `phase` at `changed`."""
+    scheduled = bool(spec.get("nodeName"))
+    conditions = _pod_conditions(
+        phase, scheduled, bool(spec.get("initContainers")), created, started, changed
+    )
+    status: dict[str, Any] = {"phase": phase, "conditions": conditions}
+    if not scheduled:
+        status["qosClass"] = "Burstable"
+        return status
+    status["hostIP"] = host_ip
+    status["hostIPs"] = [{"ip": host_ip}]
+    if phase != "Pending":
+        status["podIP"] = pod_ip
+        status["podIPs"] = [{"ip": pod_ip}]
+    status["startTime"] = rfc3339(started)
+    state = _container_state(phase, started, changed)
+    if spec.get("initContainers"):
+        init_state = (
+            _container_state("Pending", started, started)
+            if phase == "Pending"
+            else _container_state("Succeeded", started, started)
+        )
+        status["initContainerStatuses"] = [
+            {
+                "name": c["name"],
+                "image": c["image"],
+                "imageID": image_id(c["image"]),
+                "ready": phase != "Pending",
+                "restartCount": 0,
+                "started": False,
+                "state": init_state,
+            }
+            for c in spec["initContainers"]
+        ]
+    status["containerStatuses"] = [
+        _container_status(c, phase, restarts.get(c["name"], 0), state, f"{pod_ip}/{started}")
+        for c in spec["containers"]
+    ]
+    status["qosClass"] = "Burstable"
+    return status
+
+
+def _container_status(
+    container: dict[str, Any], phase: str, restarts: int, state: dict[str, Any], instance: str
+) -> dict[str, Any]:
+    created = phase != "Pending"  # a Pending pod's containers do not exist yet
+    status: dict[str, Any] = {
+        "name": container["name"],
+        "image": container["image"],
+        "imageID": image_id(container["image"]) if created else "",
+        "ready": phase == "Running",
+        "restartCount": restarts,
+        "started": phase == "Running",
+        "state": state,
+    }
+    if created:
+        digest = hashlib.sha256(f"{container['name']}@{instance}".encode()).hexdigest()
+        status["containerID"] = f"containerd://{digest}"
+    return status
+
+
+def container_spec(
+    name: str, image: str, resource: str, gpus: int, cpu: int, memory_gi: int
+) -> dict[str, Any]:
+    requests: dict[str, str] = {"cpu": str(cpu), "memory": f"{memory_gi}Gi"}
+    limits: dict[str, str] = {"memory": f"{memory_gi}Gi"}
+    if gpus:
+        requests[resource] = str(gpus)
+        limits[resource] = str(gpus)
+    return {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "resources": {"limits": limits, "requests": requests},
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+    }
+
+
+def tolerations(vendor: SimVendor, gpus: bool) -> list[dict[str, Any]]:
+    # The DefaultTolerationSeconds admission plugin adds the last two to every pod.
+    tolerations: list[dict[str, Any]] = (
+        [{"key": vendor.taint_key, "operator": "Exists", "effect": "NoSchedule"}] if gpus else []
+    )
+    return tolerations + [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+    ]
+
+
+@dataclass(frozen=True)
+class Owner:
+    kind: str
+    api_version: str
+    name: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def parse_time(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()

@@ -1,0 +1,232 @@
+"""A tiny PromQL evaluator over instant samples: vector selectors with `=`, `!=`, `=~`, `!~` matchers
+and `sum|avg|max|min|count` aggregations with `by`/`without`, enough for the queries the pipeline makes."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+Labels = dict[str, str]
+Series = tuple[Labels, float]
+
+AGGREGATIONS = ("sum", "avg", "max", "min", "count")
+
+
+class PromQLError(ValueError):
+    """A query this evaluator cannot parse or does not support; Prometheus answers `bad_data`."""
+
+
+@dataclass(frozen=True)
+class Matcher:
+    label: str
+    op: str
+    value: str
+
+    def matches(self, labels: Labels) -> bool:
+        # An absent label matches as the empty string, as in Prometheus.
+        actual = labels.get(self.label, "")
+        if self.op == "=":
+            return actual == self.value
+        if self.op == "!=":
+            return actual != self.value
+        found = re.fullmatch(self.value, actual) is not None
+        return found if self.op == "=~" else not found
+
+
+@dataclass(frozen=True)
+class Selector:
+    matchers: tuple[Matcher, ...]
+
+    def evaluate(self, series: Iterable[Series]) -> list[Series]:
+        return [(labels, value) for labels, value in series if all(m.matches(labels) for m in self.matchers)]
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    op: str
+    grouping: tuple[str, ...]
+    without: bool
+    inner: Expr
+
+    def evaluate(self, series: Iterable[Series]) -> list[Series]:
+        groups: dict[tuple[Any, ...], list[float]] = {}
+        if self.without:
+            dropped = {*self.grouping, "__name__"}
+            for labels, value in self.inner.evaluate(series):
+                key = tuple(sorted((k, v) for k, v in labels.items() if k not in dropped))
+                groups.setdefault(key, []).append(value)
+            return [(dict(key), _aggregate(self.op, values)) for key, values in groups.items()]
+        names = sorted(self.grouping)
+        for labels, value in self.inner.evaluate(series):
+            groups.setdefault(tuple(labels.get(name, "") for name in names), []).append(value)
+        # Prometheus drops empty label values from the output label set.
+        return [
+            ({name: v for name, v in zip(names, key, strict=True) if v}, _aggregate(self.op, values))
+            for key, values in groups.items()
+        ]
+
+
+Expr = Selector | Aggregation
+
+
+def _aggregate(op: str, values: Sequence[float]) -> float:
+    if op == "sum":
+        return math.fsum(values)
+    if op == "avg":
+        return math.fsum(values) / len(values)
+    if op == "max":
+        return max(values)
+    if op == "min":
+        return min(values)
+    return float(len(values))
+
+
+# -- parsing -----------------------------------------------------------------------------------
+
+_TOKEN = re.compile(
+    r"""\s*(?:
+        (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+      | (?P<op>=~|!~|!=|=)
+      | (?P<punct>[{}(),])
+      | (?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)
+    )""",
+    re.VERBOSE,
+)
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
+
+
+def _unquote(literal: str) -> str:
+    if literal[0] == "`":
+        return literal[1:-1]
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), literal[1:-1])
+
+
+def _tokenize(query: str) -> list[tuple[str, str]]:
+    tokens, position = [], 0
+    while position < len(query):
+        if query[position:].strip() == "":
+            break
+        m = _TOKEN.match(query, position)
+        if m is None:
+            raise PromQLError(
+                f"unexpected character {query[position:].lstrip()[:1]!r} at position {position} "
+                f"(the simulator supports selectors and sum/avg/max/min/count only)"
+            )
+        kind = m.lastgroup or ""
+        tokens.append((kind, m.group(kind)))
+        position = m.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, query: str) -> None:
+        self.query = query
+        self.tokens = _tokenize(query)
+        self.position = 0
+
+    def peek(self, offset: int = 0) -> tuple[str, str] | None:
+        index = self.position + offset
+        return self.tokens[index] if index < len(self.tokens) else None
+
+    def take(self, kind: str, text: str | None = None) -> str:
+        token = self.peek()
+        if token is None or token[0] != kind or (text is not None and token[1] != text):
+            found = "end of input" if token is None else repr(token[1])
+            raise PromQLError(f"parse error in {self.query!r}: expected {text or kind}, found {found}")
+        self.position += 1
+        return token[1]
+
+    def at(self, kind: str, text: str | None = None) -> bool:
+        token = self.peek()
+        return token is not None and token[0] == kind and (text is None or token[1] == text)
+
+    def parse(self) -> Expr:
+        expr = self.expr()
+        if self.peek() is not None:
+            raise PromQLError(f"parse error in {self.query!r}: unexpected {self.peek()[1]!r}")  # type: ignore[index]
+        return expr
+
+    def expr(self) -> Expr:
+        token = self.peek()
+        if token is not None and token[0] == "ident" and token[1] in AGGREGATIONS:
+            following = self.peek(1)
+            if following is not None and (following[1] == "(" or following[1] in ("by", "without")):
+                return self.aggregation()
+        if token is not None and (token[0] == "ident" or token[1] == "{"):
+            return self.selector()
+        found = "end of input" if token is None else repr(token[1])
+        raise PromQLError(f"parse error in {self.query!r}: expected a selector or aggregation, found {found}")
+
+    def grouping(self) -> tuple[bool, tuple[str, ...]]:
+        without = self.take("ident") == "without"
+        self.take("punct", "(")
+        labels: list[str] = []
+        while not self.at("punct", ")"):
+            labels.append(self.take("ident"))
+            if not self.at("punct", ")"):
+                self.take("punct", ",")
+        self.take("punct", ")")
+        return without, tuple(labels)
+
+    def aggregation(self) -> Aggregation:
+        op = self.take("ident")
+        without, labels = False, ()
+        if self.at("ident", "by") or self.at("ident", "without"):
+            without, labels = self.grouping()
+        self.take("punct", "(")
+        inner = self.expr()
+        self.take("punct", ")")
+        if self.at("ident", "by") or self.at("ident", "without"):
+            if labels:
+                raise PromQLError(f"parse error in {self.query!r}: grouping given twice")
+            without, labels = self.grouping()
+        return Aggregation(op, labels, without, inner)
+
+    def selector(self) -> Selector:
+        matchers: list[Matcher] = []
+        if self.at("ident"):
+            matchers.append(Matcher("__name__", "=", self.take("ident")))
+        if self.at("punct", "{"):
+            self.take("punct", "{")
+            while not self.at("punct", "}"):
+                label = self.take("ident")
+                op = self.take("op")
+                value = _unquote(self.take("string"))
+                if op in ("=~", "!~"):
+                    try:
+                        re.compile(value)
+                    except re.error as exc:
+                        raise PromQLError(f"invalid regular expression {value!r}: {exc}") from exc
+                matchers.append(Matcher(label, op, value))
+                if not self.at("punct", "}"):
+                    self.take("punct", ",")
+            self.take("punct", "}")
+        if not any(not m.matches({}) for m in matchers):
+            raise PromQLError("vector selector must contain at least one non-empty matcher")
+        return Selector(tuple(matchers))
+
+
+def parse(query: str) -> Expr:
+    return _Parser(query).parse()
+
+
+def evaluate(query: str, series: Iterable[Series]) -> list[Series]:
+    """Evaluate an instant query; results are sorted by label set so answers are deterministic."""
+    result = parse(query).evaluate(series)
+    return sorted(result, key=lambda item: sorted(item[0].items()))
+
+
+def format_value(value: float) -> str:
+    """Format a sample value as Prometheus does (Go's strconv 'f', -1): no exponent, shortest form."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    text = repr(value)
+    return format(Decimal(text), "f") if "e" in text else text

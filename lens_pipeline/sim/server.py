@@ -1,0 +1,249 @@
+"""The simulator's HTTP server: every cluster of a fleet under `/clusters/<name>`, serving the
+Kubernetes API, Prometheus, the exporters' /metrics, and the simulator's own `/_...` endpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import orjson
+
+from lens_pipeline.sim.fleet import CONTROL_ACTIONS, SimCluster, SimFleet
+from lens_pipeline.sim.kubeapi import handle_kube, status_response
+from lens_pipeline.sim.promapi import exposition, handle_prometheus
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.truth import cluster_truth
+from lens_pipeline.sim.wire import SimRequest, SimResponse, json_response
+
+__all__ = ["SimServer", "handle_simulator", "write_registry"]
+
+log = logging.getLogger(__name__)
+
+
+def handle_simulator(cluster: SimCluster, req: SimRequest) -> SimResponse:
+    """The simulator's own endpoints (`/_truth`, `/_control`, `/_requests`); never faulted or logged."""
+    if req.path == "/_truth" and req.method == "GET":
+        return json_response(200, cluster_truth(cluster))
+    if req.path == "/_requests" and req.method == "GET":
+        return json_response(200, cluster.request_log.as_json())
+    if req.path == "/_requests/reset" and req.method == "POST":
+        cluster.request_log.reset()
+        return json_response(200, {"ok": True})
+    if req.path == "/_control" and req.method == "POST":
+        return _control(cluster, req.body)
+    return json_response(404, {"ok": False, "error": f"no simulator endpoint {req.method} {req.path}"})
+
+
+def _control(cluster: SimCluster, body: bytes) -> SimResponse:
+    try:
+        command: Any = orjson.loads(body or b"{}")
+    except orjson.JSONDecodeError as exc:
+        return json_response(400, {"ok": False, "error": f"body is not JSON: {exc}"})
+    if not isinstance(command, dict):
+        return json_response(400, {"ok": False, "error": "body must be a JSON object"})
+    action = command.pop("action", None)
+    if action not in CONTROL_ACTIONS:
+        return json_response(
+            400, {"ok": False, "error": f"action must be one of {sorted(CONTROL_ACTIONS)}, got {action!r}"}
+        )
+    try:
+        result = getattr(cluster, action)(**command)
+    except LookupError as exc:
+        return json_response(404, {"ok": False, "error": str(exc)})
+    except (TypeError, ValueError) as exc:
+        return json_response(400, {"ok": False, "error": f"{action}: {exc}"})
+    return json_response(200, {"ok": True, "result": result})
+
+
+class _Handler(BaseHTTPRequestHandler):
+    # HTTP/1.1 keeps connections alive, which clients paging through large lists depend on.
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle each response would stall ~40 ms.
+    disable_nagle_algorithm = True
+    server: _FleetHTTPServer
+
+    def do_GET(self) -> None:
+        self._dispatch()
+
+    def do_POST(self) -> None:
+        self._dispatch()
+
+    def do_PUT(self) -> None:
+        self._dispatch()
+
+    def do_PATCH(self) -> None:
+        self._dispatch()
+
+    def do_DELETE(self) -> None:
+        self._dispatch()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s - %s", self.address_string(), format % args)
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, open_=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.track(self.connection, open_=False)
+
+    def _dispatch(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        split = urlsplit(self.path)
+        try:
+            response = self._route(split.path, split.query, body)
+        except Exception as exc:  # a bug in the simulator must answer 500, not kill the connection
+            log.exception("simulator failed on %s %s", self.command, self.path)
+            response = json_response(500, {"error": f"simulator error: {type(exc).__name__}: {exc}"})
+        self._send(response)
+
+    def _route(self, path: str, query: str, body: bytes) -> SimResponse:
+        fleet = self.server.fleet
+        parts = path.split("/", 3)  # "", "clusters", name, rest
+        if path in ("", "/"):
+            return json_response(
+                200,
+                {
+                    "clusters": [
+                        {"name": c.name, "vendor": c.vendor, "base_url": self.server.base_url(c.name)}
+                        for c in fleet
+                    ]
+                },
+            )
+        if len(parts) < 3 or parts[1] != "clusters" or unquote(parts[2]) not in fleet:
+            return status_response(404, f"no simulated cluster at {path}")
+        cluster = fleet.cluster(unquote(parts[2]))
+        rest = "/" + parts[3] if len(parts) > 3 else "/"
+        req = SimRequest(
+            method=self.command,
+            path=unquote(rest),
+            query=parse_qs(query, keep_blank_values=True),
+            headers={key.lower(): value for key, value in self.headers.items()},
+            body=body,
+        )
+        if rest.startswith("/_"):
+            return handle_simulator(cluster, req)
+        if rest == "/metrics":
+            response = exposition(cluster)
+        elif rest == "/prometheus" or rest.startswith("/prometheus/"):
+            response = handle_prometheus(cluster, req, req.path.removeprefix("/prometheus"))
+        else:
+            response = handle_kube(cluster, req)
+        cluster.request_log.record(self.command, req.path, query, response.status)
+        return response
+
+    def _send(self, response: SimResponse) -> None:
+        try:
+            self.send_response(response.status)
+            self.send_header("Content-Type", response.content_type)
+            self.send_header("Content-Length", str(len(response.body)))
+            for key, value in response.headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(response.body)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client gave up (timeout, Ctrl-C); nothing left to tell it.
+            self.close_connection = True
+
+
+class _FleetHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+    def __init__(self, address: tuple[str, int], fleet: SimFleet) -> None:
+        super().__init__(address, _Handler)
+        self.fleet = fleet
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        # Bound to every interface, the server is still reached locally through the loopback address.
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{port}"
+
+    def base_url(self, name: str) -> str:
+        return f"{self.url}/clusters/{name}"
+
+    def track(self, connection: socket.socket, open_: bool) -> None:
+        with self._connections_lock:
+            if open_:
+                self._connections.add(connection)
+            else:
+                self._connections.discard(connection)
+
+    def close_connections(self) -> None:
+        """Wake handler threads parked on idle keep-alive connections so they exit."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
+class SimServer:
+    """Serves a SimFleet over HTTP from a background thread."""
+
+    def __init__(self, fleet: SimFleet, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.fleet = fleet
+        self.host = host
+        self.port = port
+        self._httpd: _FleetHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> SimServer:
+        if self._httpd is not None:
+            return self
+        self._httpd = _FleetHTTPServer((self.host, self.port), self.fleet)
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(
+            # A short poll interval keeps stop() fast; an idle poll costs next to nothing.
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="lens-sim-http",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._httpd.close_connections()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+        self._thread = None
+
+    def __enter__(self) -> SimServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("SimServer is not started")
+        return self._httpd.url
+
+    def base_url(self, cluster_name: str) -> str:
+        """`http://host:port/clusters/<name>`: the cluster's Kubernetes API server URL."""
+        self.fleet.cluster(cluster_name)
+        return f"{self.url}/clusters/{cluster_name}"
+
+    def prometheus_url(self, cluster_name: str) -> str:
+        return f"{self.base_url(cluster_name)}/prometheus"
