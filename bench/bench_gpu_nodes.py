@@ -34,10 +34,25 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-nodes-"))
     registry = work / "clusters.yaml"
     sim = subprocess.Popen(
-        [sys.executable, "-m", "lens_pipeline.sim", "--clusters", "1", "--nodes", str(args.nodes),
-         "--vendor", "amd", "--seed", "1", "--pods-per-node", str(args.pods_per_node),
-         "--registry-out", str(registry)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "lens_pipeline.sim",
+            "--clusters",
+            "1",
+            "--nodes",
+            str(args.nodes),
+            "--vendor",
+            "amd",
+            "--seed",
+            "1",
+            "--pods-per-node",
+            str(args.pods_per_node),
+            "--registry-out",
+            str(registry),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         for line in sim.stdout:  # type: ignore[union-attr]
@@ -45,7 +60,9 @@ def main() -> int:
                 break
         cluster = yaml.safe_load(registry.read_text())["clusters"][0]
         base = cluster["prometheus_url"].removesuffix("/prometheus")
-        return run(cluster["name"], registry, base, args.database_url or f"sqlite:///{work / 'lens.db'}", args.nodes)
+        return run(
+            cluster["name"], registry, base, args.database_url or f"sqlite:///{work / 'lens.db'}", args.nodes
+        )
     finally:
         sim.terminate()
         sim.wait(timeout=30)
@@ -55,8 +72,8 @@ def run(cluster: str, registry: Path, base: str, database_url: str, nodes: int) 
     # Imported here so that the numbers below include nothing the simulator did.
     from dagster import instance_for_test, materialize
 
-    from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
     from lens_pipeline.defs import resources
+    from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
     from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase
 
     with instance_for_test() as instance:
@@ -66,10 +83,14 @@ def run(cluster: str, registry: Path, base: str, database_url: str, nodes: int) 
             urllib.request.urlopen(urllib.request.Request(f"{base}/_requests/reset", method="POST")).read()
             started = time.perf_counter()
             result = materialize(
-                [gpu_nodes], partition_key=cluster, instance=instance,
-                resources={**resources.defs.resources,
-                           "registry": ClusterRegistryResource(clusters_file=str(registry)),
-                           "lens_db": LensDatabase(url=database_url)},
+                [gpu_nodes],
+                partition_key=cluster,
+                instance=instance,
+                resources={
+                    **resources.defs.resources,
+                    "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                    "lens_db": LensDatabase(url=database_url),
+                },
             )
             wall = time.perf_counter() - started
             (event,) = result.asset_materializations_for_node("gpu_nodes")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -116,20 +117,35 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"[lens demo] starting Dagster: UI on http://127.0.0.1:{args.port}  (Ctrl-C stops everything)")
     print("[lens demo] the registry sensor adds the clusters within 30 s; the schedule collects every minute")
     process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, start_new_session=True)
+    # `kill`/`timeout` send SIGTERM: stop the whole tree as cleanly as on Ctrl-C.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         return process.wait()
     except KeyboardInterrupt:
         print("\n[lens demo] stopping Dagster and the simulator")
         return 0
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)
-            deadline = time.monotonic() + 20
-            while process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+        _stop_process_tree(process)
         server.stop()
+
+
+def _stop_process_tree(process: subprocess.Popen) -> None:
+    """SIGINT to `dagster dev` alone (it stops its webserver, daemon and code servers), then make
+    sure nothing of its process group outlives it."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=30)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(2)
+
+
+def _raise_keyboard_interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
