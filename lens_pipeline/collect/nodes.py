@@ -161,3 +161,18 @@ def utilization_by_node(
 ) -> dict[str, float]:
     """Per-node mean utilization from the samples of a `avg by (<node_label>)` query."""
     return {labels[node_label]: value for labels, value in samples if labels.get(node_label)}
+
+
+def gpu_models_by_node(nodes: Iterable[dict], profiles: Iterable[VendorProfile]) -> dict[str, str]:
+    """Node name -> GPU model label, for `pod_resource.gpu_model` (joined in memory, not per pod)."""
+    profiles = tuple(profiles)
+    models: dict[str, str] = {}
+    for node in nodes:
+        metadata = node.get("metadata") if isinstance(node, dict) else None
+        labels = metadata.get("labels") if isinstance(metadata, dict) else None
+        if not isinstance(labels, dict) or not isinstance(metadata.get("name"), str):
+            continue
+        model = next((labels[p.product_label] for p in profiles if labels.get(p.product_label)), None)
+        if model:
+            models[metadata["name"]] = str(model)
+    return models

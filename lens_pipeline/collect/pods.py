@@ -1,15 +1,22 @@
-"""Pods: which hold GPUs, how many, on which node."""
+"""Pods: which hold GPUs and how many, and the `gpu_pods`, `pod_resource`, `pod_snapshot` and
+`gpu_pods_event` rows of a GPU pod (spec §1.7-1.10, §5)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name
 from lens_pipeline.collect.quantity import whole_units
+from lens_pipeline.collect.times import parse_time
 
 # Phases in which a bound pod holds its devices, as the scheduler counts them.
 HOLDING_PHASES = frozenset({"Pending", "Running"})
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+Row = dict[str, Any]
 
 
 def container_gpus(container: object, resource: str) -> int:
@@ -23,49 +30,220 @@ def container_gpus(container: object, resource: str) -> int:
     return 0 if value is None else whole_units(value, f"container {container.get('name')!r} {resource}")
 
 
+def _containers(spec: dict, field: str) -> list:
+    containers = spec.get(field) or []
+    if not isinstance(containers, list):
+        raise MalformedObject(f"spec.{field} should be a list")
+    return containers
+
+
 def pod_gpus(pod: dict, resource: str) -> int:
     """The GPUs a pod takes: max(sum over containers, largest init container), as the scheduler counts."""
     spec = mapping(pod, "spec")
-    containers = spec.get("containers") or []
-    init_containers = spec.get("initContainers") or []
-    if not isinstance(containers, list) or not isinstance(init_containers, list):
-        raise MalformedObject("spec.containers and spec.initContainers should be lists")
-    app = sum(container_gpus(c, resource) for c in containers)
-    init = max((container_gpus(c, resource) for c in init_containers), default=0)
+    app = sum(container_gpus(c, resource) for c in _containers(spec, "containers"))
+    init = max((container_gpus(c, resource) for c in _containers(spec, "initContainers")), default=0)
     return max(app, init)
 
 
 @dataclass(frozen=True)
-class GpuHolding:
-    """What one pod holds on one node, for allocation figures."""
+class GpuPod:
+    """A pod that requests or limits a GPU, cut down to the fields the collectors read."""
 
-    node_name: str
+    obj: dict
     resource: str
     gpus: int
 
+    @property
+    def metadata(self) -> dict:
+        return self.obj["metadata"]
 
-def project_holding(pod: dict, resources: tuple[str, ...]) -> GpuHolding | Problem | None:
-    """Cut a Pod down to the GPUs it holds on its node (None when it holds none)."""
+    @property
+    def uid(self) -> str:
+        return self.metadata["uid"]
+
+    @property
+    def node_name(self) -> str:
+        return self.obj["spec"].get("nodeName") or ""
+
+    @property
+    def phase(self) -> str:
+        return self.obj["status"].get("phase") or ""
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.metadata.get("deletionTimestamp"))
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.phase in HOLDING_PHASES and bool(self.node_name)
+
+
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "ownerReferences",
+    "labels",
+)
+_KEPT_STATUS = ("phase", "podIP", "conditions", "containerStatuses", "startTime", "reason")
+
+
+def _slim_container(container: dict) -> dict:
+    return {"name": container.get("name"), "resources": container.get("resources") or {}}
+
+
+def project_gpu_pod(pod: object, resources: tuple[str, ...]) -> GpuPod | Problem | None:
+    """Cut a Pod down to a `GpuPod` (None when it asks for no GPU of these resources)."""
     try:
         if not isinstance(pod, dict):
             raise MalformedObject("item is not an object")
-        phase = mapping(pod, "status").get("phase")
-        node_name = mapping(pod, "spec").get("nodeName")
-        if phase not in HOLDING_PHASES or not isinstance(node_name, str) or not node_name:
+        metadata = mapping(pod, "metadata", required=True)
+        spec = mapping(pod, "spec", required=True)
+        status = mapping(pod, "status")
+        # A GPU pod asks for more than zero GPUs in a container or init container (requests or limits).
+        found = next(((r, n) for r in resources if (n := pod_gpus(pod, r)) > 0), None)
+        if found is None:
             return None
-        for resource in resources:
-            gpus = pod_gpus(pod, resource)
-            if gpus:
-                return GpuHolding(node_name, resource, gpus)
-        return None
+        resource, gpus = found
+        for field in ("name", "namespace", "uid"):
+            if not isinstance(metadata.get(field), str) or not metadata[field]:
+                raise MalformedObject(f"missing metadata.{field}")
+        slim = {
+            "metadata": {k: metadata[k] for k in _KEPT_METADATA if k in metadata},
+            "spec": {
+                "nodeName": spec.get("nodeName"),
+                "containers": [_slim_container(c) for c in _containers(spec, "containers")],
+                "initContainers": [_slim_container(c) for c in _containers(spec, "initContainers")],
+            },
+            "status": {k: status[k] for k in _KEPT_STATUS if k in status},
+        }
+        return GpuPod(slim, resource, gpus)
     except MalformedObject as exc:
         return Problem("Pod", object_name(pod), str(exc))
 
 
-def allocation_by_node(holdings: Iterable[GpuHolding]) -> dict[tuple[str, str], int]:
+def allocation_by_node(pods: Iterable[GpuPod]) -> dict[tuple[str, str], int]:
     """GPUs held per (node, resource): a node counts only its own vendor's resource."""
     allocated: dict[tuple[str, str], int] = {}
-    for holding in holdings:
-        key = (holding.node_name, holding.resource)
-        allocated[key] = allocated.get(key, 0) + holding.gpus
+    for pod in pods:
+        if pod.holds_gpus:
+            key = (pod.node_name, pod.resource)
+            allocated[key] = allocated.get(key, 0) + pod.gpus
     return allocated
+
+
+def owner_uid(metadata: dict) -> str:
+    """The controller's uid, else the first owner's, else ''."""
+    refs = metadata.get("ownerReferences") or []
+    if not isinstance(refs, list):
+        raise MalformedObject("metadata.ownerReferences should be a list")
+    refs = [r for r in refs if isinstance(r, dict) and isinstance(r.get("uid"), str)]
+    controller = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    return controller["uid"] if controller else ""
+
+
+def gpu_pod_row(pod: GpuPod) -> Row:
+    """`gpu_pods` (spec §1.7); `running` is recomputed from the phase every time (§10.8)."""
+    metadata = pod.metadata
+    return {
+        "namespace": metadata["namespace"],
+        "name": metadata["name"],
+        "node_name": pod.node_name,
+        "uid": pod.uid,
+        "gpu_allocated": pod.gpus,
+        "phase": pod.phase,
+        "deleted": pod.deleting,
+        "running": not pod.deleting and pod.phase == "Running",
+        "ip": str(pod.obj["status"].get("podIP") or ""),
+        "owner_uid": owner_uid(metadata),
+    }
+
+
+def pod_end_time(pod: GpuPod) -> datetime | None:
+    """When the pod stopped holding its GPUs: deletion, or the last container finishing."""
+    deletion = parse_time(pod.metadata.get("deletionTimestamp"), "metadata.deletionTimestamp")
+    if deletion is not None:
+        return deletion
+    if pod.phase not in FINISHED_PHASES:
+        return None
+    finished = []
+    for status in pod.obj["status"].get("containerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated") if isinstance(status, dict) else None
+        if isinstance(terminated, dict):
+            finished.append(
+                parse_time(terminated.get("finishedAt"), "containerStatuses.state.terminated.finishedAt")
+            )
+    finished = [t for t in finished if t is not None]
+    if finished:
+        return max(finished)
+    ready = next((c for c in _conditions(pod) if c.get("type") == "Ready"), None)
+    return parse_time(ready.get("lastTransitionTime"), "Ready condition time") if ready else None
+
+
+def pod_resource_row(pod: GpuPod, gpu_model: str) -> Row:
+    """`pod_resource` (spec §1.10): what the pod held, on which GPU model, from when to when."""
+    return {
+        "uid": pod.uid,
+        "gpu_model": gpu_model,
+        "gpu_allocated": pod.gpus,
+        "created_at": parse_time(pod.metadata.get("creationTimestamp"), "metadata.creationTimestamp"),
+        "end_at": pod_end_time(pod),
+    }
+
+
+def resource_version(metadata: dict, what: str = "metadata.resourceVersion") -> int:
+    value = metadata.get("resourceVersion")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise MalformedObject(f"{what} should be an integer string, got {value!r:.40}") from None
+
+
+def pod_snapshot_row(pod: GpuPod) -> Row:
+    """`pod_snapshot` (spec §1.9) of the pod as listed."""
+    return {
+        "pod_uid": pod.uid,
+        "pod_name": pod.metadata["name"],
+        "namespace": pod.metadata["namespace"],
+        "spec": pod.obj["spec"],
+        "metadata": pod.metadata,
+        "status": pod.obj["status"],
+        "resource_version": resource_version(pod.metadata),
+    }
+
+
+def _conditions(pod: GpuPod) -> list[dict]:
+    conditions = pod.obj["status"].get("conditions") or []
+    if not isinstance(conditions, list):
+        raise MalformedObject("status.conditions should be a list")
+    return [c for c in conditions if isinstance(c, dict)]
+
+
+def condition_events(pod: GpuPod) -> list[Row]:
+    """`gpu_pods_event` rows: each condition that is True, at its real transition time (the original
+    wrote the zero time). Keyed by (pod, type, time), so a condition seen again adds nothing."""
+    statuses = pod.obj["status"].get("containerStatuses") or []
+    first = statuses[0] if statuses and isinstance(statuses[0], dict) else {}
+    restarts = first.get("restartCount", 0)
+    events = []
+    for condition in _conditions(pod):
+        if condition.get("status") != "True" or not condition.get("type"):
+            continue
+        when = parse_time(
+            condition.get("lastTransitionTime"), f"condition {condition['type']} lastTransitionTime"
+        )
+        if when is None:
+            continue
+        events.append(
+            {
+                "pod_uuid": pod.uid,
+                "pod_phase": pod.phase,
+                "event_type": str(condition["type"]),
+                "created_at": when,
+                "restart_count": restarts if isinstance(restarts, int) else 0,
+            }
+        )
+    return events

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dagster import ConfigurableResource, Definitions
-from pydantic import Field
+from dagster import ConfigurableResource, Definitions, InitResourceContext
+from pydantic import Field, PrivateAttr
 from sqlalchemy import Engine
 
 from lens_pipeline import settings
 from lens_pipeline.clusters import ClusterConfig, Registry, load_registry
+from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
 from lens_pipeline.kube.reader import PAGE_SIZE, KubeReader
 from lens_pipeline.prom.reader import PromReader
 from lens_pipeline.store.db import get_engine
@@ -60,6 +61,8 @@ class KubernetesResource(ConfigurableResource):
     page_size: int = PAGE_SIZE
     max_retries: int = 3
     backoff_seconds: float = 0.5
+    # One snapshot per cluster per run: the collectors of a run share every LIST.
+    _snapshots: dict = PrivateAttr(default_factory=dict)
 
     def reader(self, cluster: ClusterConfig) -> KubeReader:
         return KubeReader(
@@ -68,6 +71,16 @@ class KubernetesResource(ConfigurableResource):
             max_retries=self.max_retries,
             backoff_seconds=self.backoff_seconds,
         )
+
+    def snapshot(self, cluster: ClusterConfig) -> ClusterSnapshot:
+        if cluster.name not in self._snapshots:
+            self._snapshots[cluster.name] = ClusterSnapshot(cluster, self.reader(cluster))
+        return self._snapshots[cluster.name]
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        for snapshot in self._snapshots.values():
+            snapshot.reader.close()
+        self._snapshots.clear()
 
 
 class PrometheusResource(ConfigurableResource):

@@ -47,6 +47,23 @@ class ListStats:
     retries: int = 0
     by_path: dict[str, int] = field(default_factory=dict)
 
+    def since(self, earlier: ListStats) -> ListStats:
+        """What happened after `earlier` was copied (several collectors share one reader per run)."""
+        return ListStats(
+            self.requests - earlier.requests,
+            self.pages - earlier.pages,
+            self.restarts - earlier.restarts,
+            self.retries - earlier.retries,
+            {
+                k: v - earlier.by_path.get(k, 0)
+                for k, v in self.by_path.items()
+                if v != earlier.by_path.get(k, 0)
+            },
+        )
+
+    def copy(self) -> ListStats:
+        return ListStats(self.requests, self.pages, self.restarts, self.retries, dict(self.by_path))
+
 
 def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
     """An ApiClient configured the way the registry entry says (kubeconfig, in-cluster, or token)."""
@@ -156,6 +173,15 @@ class KubeReader:
         raise KubeError(
             self.cluster.name, path, f"continue token expired {self.max_restarts + 1} times in a row", 410
         )
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        """One object or discovery document; None when the server says 404 (kind or object absent)."""
+        status, body = self._get(path, [])
+        if status == 404:
+            return None
+        if status != 200:
+            raise KubeError(self.cluster.name, path, _status_message(body), status)
+        return _parse(self.cluster.name, path, body)
 
     def _get(self, path: str, query: list[tuple[str, Any]]) -> tuple[int, bytes]:
         timeout = (min(5.0, self.cluster.request_timeout_seconds), self.cluster.request_timeout_seconds)

@@ -104,7 +104,8 @@ def sync_snapshot(
     compare: Sequence[str] | None = None,
     on_vanish: Vanish = "delete",
     protect: Iterable[tuple] = (),
-    vanish_filter: Mapping[str, Any] | None = None,
+    vanish_filter: Callable[[Row], bool] | None = None,
+    extra_columns: Sequence[str] = (),
 ) -> SyncResult:
     """Make the stored rows under `scope` (e.g. one cluster) equal `rows`, writing only what differs.
 
@@ -113,14 +114,15 @@ def sync_snapshot(
     - Stored keys absent from `rows` have vanished: deleted, left alone (`"keep"`), or updated
       with a mapping of column values (e.g. `{"deleted": True}`), or with a function of the stored
       row. Keys in `protect` (objects seen but unreadable this run) never count as vanished, nor do
-      rows not matching `vanish_filter` (e.g. already marked).
+      stored rows for which `vanish_filter` is false (e.g. already marked). `extra_columns` are read
+      from the stored rows for `on_vanish` and `vanish_filter` without being compared.
     """
     key = logical_key(table)
     compare = list(compare) if compare is not None else [c for c in (rows[0] if rows else {}) if c not in key]
     has_created = "created_at" in table.c
     has_updated = "updated_at" in table.c
     where = and_(*(table.c[k] == v for k, v in scope.items()))
-    wanted_columns = list(dict.fromkeys([*key, *compare, *(vanish_filter or {})]))
+    wanted_columns = list(dict.fromkeys([*key, *compare, *extra_columns]))
     stored: dict[tuple, Row] = {}
     for record in conn.execute(select(*(table.c[c] for c in wanted_columns)).where(where)).mappings():
         stored[tuple(record[k] for k in key)] = dict(record)
@@ -155,9 +157,7 @@ def sync_snapshot(
     vanished = [
         k
         for k, record in stored.items()
-        if k not in seen
-        and k not in protected
-        and all(record.get(c) == v for c, v in (vanish_filter or {}).items())
+        if k not in seen and k not in protected and (vanish_filter is None or vanish_filter(record))
     ]
     result.vanished = vanished
     if vanished and on_vanish != "keep":

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from lens_pipeline.collect.nodes import gpu_node_rows, node_row, project_node
-from lens_pipeline.collect.pods import GpuHolding, allocation_by_node, pod_gpus, project_holding
+from lens_pipeline.collect.pods import allocation_by_node, pod_gpus, project_gpu_pod
 from lens_pipeline.collect.problems import MalformedObject, Problem
 from lens_pipeline.vendors import AMD, NVIDIA, profiles_for
 
@@ -135,7 +135,7 @@ def test_malformed_nodes_are_named_problems_and_protected(mutate, message):
 
 def _pod(containers, init=(), phase="Running", node="gpu-1"):
     return {
-        "metadata": {"name": "p", "namespace": "ns"},
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1"},
         "spec": {"nodeName": node, "containers": list(containers), "initContainers": list(init)},
         "status": {"phase": phase},
     }
@@ -154,16 +154,14 @@ def test_pod_gpus_counts_as_the_scheduler_does():
 
 def test_only_bound_pending_or_running_pods_hold_gpus():
     r = ("amd.com/gpu",)
-    assert project_holding(_pod([_container({r[0]: "2"})]), r) == GpuHolding("gpu-1", r[0], 2)
-    assert project_holding(_pod([_container({r[0]: "2"})], phase="Pending"), r) == GpuHolding(
-        "gpu-1", r[0], 2
-    )
-    assert project_holding(_pod([_container({r[0]: "2"})], phase="Succeeded"), r) is None
-    assert project_holding(_pod([_container({r[0]: "2"})], node=None), r) is None
-    bad = project_holding(_pod([_container({r[0]: "lots"})]), r)
+    held = [
+        project_gpu_pod(_pod([_container({r[0]: "2"})], phase=phase, node=node), r)
+        for phase, node in (("Running", "a"), ("Pending", "a"), ("Succeeded", "a"), ("Running", None))
+    ]
+    assert allocation_by_node(held) == {("a", r[0]): 4}
+    assert project_gpu_pod(_pod([_container({"cpu": "2"})]), r) is None
+    bad = project_gpu_pod(_pod([_container({r[0]: "lots"})]), r)
     assert isinstance(bad, Problem) and bad.name == "ns/p"
-    holdings = [GpuHolding("a", r[0], 2), GpuHolding("a", r[0], 3), GpuHolding("a", "nvidia.com/gpu", 1)]
-    assert allocation_by_node(holdings) == {("a", r[0]): 5, ("a", "nvidia.com/gpu"): 1}
 
 
 def test_node_row_requires_a_name():

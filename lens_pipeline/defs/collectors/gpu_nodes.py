@@ -5,7 +5,6 @@ the cluster; the rows come from `collect.nodes`, the write from `store.nodes`.
 """
 
 from datetime import UTC, datetime
-from functools import partial
 
 from dagster import (
     AssetCheckResult,
@@ -19,9 +18,8 @@ from dagster import (
     asset,
 )
 
-from lens_pipeline.collect.nodes import gpu_node_rows, project_node, utilization_by_node
-from lens_pipeline.collect.pods import GpuHolding, allocation_by_node, project_holding
-from lens_pipeline.collect.problems import Problem
+from lens_pipeline.collect.nodes import gpu_node_rows, utilization_by_node
+from lens_pipeline.collect.pods import allocation_by_node
 from lens_pipeline.defs.collectors.reporting import (
     markdown_table,
     problems_metadata,
@@ -38,7 +36,6 @@ from lens_pipeline.defs.resources import (
 from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.nodes import stored_utilization, write_gpu_nodes
-from lens_pipeline.vendors import profiles_for
 
 COLLECTOR_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilization", "status", "address")
@@ -76,16 +73,10 @@ def gpu_nodes(
     lens_db: LensDatabase,
 ) -> MaterializeResult:
     cluster = registry.cluster(context.partition_key)
-    profiles = profiles_for(cluster.vendor)
-    started = datetime.now(UTC)
-
-    with kubernetes.reader(cluster) as kube:
-        nodes = kube.list("/api/v1/nodes", project_node)
-        pods = kube.list(
-            "/api/v1/pods", partial(project_holding, resources=tuple(p.resource for p in profiles))
-        )
-    holdings = [p for p in pods if isinstance(p, GpuHolding)]
-    problems = [p for p in pods if isinstance(p, Problem)]
+    snapshot = kubernetes.snapshot(cluster)
+    profiles = snapshot.profiles
+    started, stats_before = datetime.now(UTC), snapshot.reader.stats.copy()
+    nodes, gpu_pods, problems = snapshot.nodes, snapshot.gpu_pods, snapshot.pod_problems
 
     prom = prometheus.reader(cluster)
     utilization: dict[str, float] | None = {}
@@ -106,7 +97,7 @@ def gpu_nodes(
         if utilization is None:
             utilization = {k: v for k, v in stored_utilization(conn, cluster.name).items() if v is not None}
         rows, node_problems, unreadable = gpu_node_rows(
-            nodes, profiles, allocation_by_node(holdings), utilization
+            nodes, profiles, allocation_by_node(gpu_pods), utilization
         )
         result = write_gpu_nodes(conn, cluster.name, rows, now=datetime.now(UTC), unreadable=unreadable)
     problems = node_problems + problems
@@ -127,7 +118,7 @@ def gpu_nodes(
             "allocation_rate": round(100.0 * allocated / capacity, 3) if capacity else 0.0,
             "duration_seconds": round((datetime.now(UTC) - started).total_seconds(), 3),
             **sync_metadata(result),
-            **read_metadata(kube.stats, prom.queries if prom else 0),
+            **read_metadata(snapshot.reader.stats.since(stats_before), prom.queries if prom else 0),
             **problems_metadata(problems),
             "nodes": markdown_table(rows, TABLE_COLUMNS),
         },

@@ -14,11 +14,15 @@ from dagster import (
 )
 
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
+from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
+from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, CLUSTER_TAG
+
+COLLECTORS = (gpu_nodes, gpu_pods, gpu_workloads)
 
 collect_cluster_job = define_asset_job(
     "collect_cluster",
-    selection=AssetSelection.assets(gpu_nodes),
+    selection=AssetSelection.assets(*COLLECTORS),
     executor_def=in_process_executor,
     description="Every collector of one cluster, in one process (startup costs seconds per run).",
 )
@@ -41,4 +45,4 @@ def collect_every_minute(context: ScheduleEvaluationContext) -> list[RunRequest]
     ]
 
 
-defs = Definitions(assets=[gpu_nodes], jobs=[collect_cluster_job], schedules=[collect_every_minute])
+defs = Definitions(assets=list(COLLECTORS), jobs=[collect_cluster_job], schedules=[collect_every_minute])

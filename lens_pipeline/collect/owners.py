@@ -1,0 +1,184 @@
+"""Owner chains: from a GPU pod up through its ownerReferences to the top-level workload.
+
+Every owner kind is LISTed once (found through discovery), so walking a chain is a dictionary
+lookup, never a GET per owner. SaFE `Workload`s own nothing through ownerReferences: their
+children carry the label `primus-safe.workload.id=<workload name>` (spec §6.3-6.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from lens_pipeline.collect.problems import MalformedObject, Problem, mapping
+
+SAFE_GROUP_VERSION = "amd.com/v1"
+SAFE_KIND = "Workload"
+SAFE_WORKLOAD_LABEL = "primus-safe.workload.id"
+MAX_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class KindRef:
+    """An object kind as ownerReferences name it, and how to list it."""
+
+    group_version: str
+    kind: str
+
+    def list_path(self, plural: str) -> str:
+        prefix = "/api/v1" if self.group_version == "v1" else f"/apis/{self.group_version}"
+        return f"{prefix}/{plural}"
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    kind_ref: KindRef
+    name: str
+    uid: str
+
+
+def owner_ref(metadata: dict) -> OwnerRef | None:
+    """The controller reference, else the first one; None for a top-level object."""
+    refs = metadata.get("ownerReferences") or []
+    if not isinstance(refs, list):
+        raise MalformedObject("metadata.ownerReferences should be a list")
+    refs = [r for r in refs if isinstance(r, dict)]
+    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    if ref is None:
+        return None
+    for field in ("apiVersion", "kind", "name", "uid"):
+        if not isinstance(ref.get(field), str) or not ref[field]:
+            raise MalformedObject(f"an ownerReference lacks {field}")
+    return OwnerRef(KindRef(ref["apiVersion"], ref["kind"]), ref["name"], ref["uid"])
+
+
+def plurals_from_discovery(group_version: str, resource_list: object) -> dict[str, tuple[str, bool]]:
+    """kind -> (plural, namespaced) from an APIResourceList (sub-resources like `jobs/status` skipped)."""
+    resources = mapping({"r": resource_list}, "r").get("resources") or []
+    found: dict[str, tuple[str, bool]] = {}
+    for resource in resources if isinstance(resources, list) else []:
+        if not isinstance(resource, dict) or "/" in str(resource.get("name", "/")):
+            continue
+        if "list" in (resource.get("verbs") or []) and isinstance(resource.get("kind"), str):
+            found.setdefault(resource["kind"], (str(resource["name"]), bool(resource.get("namespaced"))))
+    return found
+
+
+_KEPT_OWNER_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "ownerReferences",
+    "labels",
+    "annotations",
+    "generation",
+)
+
+
+def project_owner(obj: object) -> dict | None:
+    """Keep what a `gpu_workload` row and its snapshot need (no managedFields); None when unreadable."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+        return None
+    metadata = obj["metadata"]
+    if not isinstance(metadata.get("uid"), str):
+        return None
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": obj.get("kind"),
+        "metadata": {k: metadata[k] for k in _KEPT_OWNER_METADATA if k in metadata},
+        "spec": obj.get("spec"),
+        "status": obj.get("status"),
+    }
+
+
+def safe_workloads_by_name(objects: Mapping[str, dict]) -> dict[str, str]:
+    """SaFE Workload name -> uid, for linking children by their `primus-safe.workload.id` label."""
+    return {
+        o["metadata"].get("name"): uid
+        for uid, o in objects.items()
+        if o.get("apiVersion") == SAFE_GROUP_VERSION and o.get("kind") == SAFE_KIND
+    }
+
+
+def parent_uid(metadata: dict, safe_by_name: Mapping[str, str]) -> str:
+    """The owner's uid; for a top-level object, the SaFE Workload its label names; else ''."""
+    ref = owner_ref(metadata)
+    if ref is not None:
+        return ref.uid
+    labels = metadata.get("labels") or {}
+    name = labels.get(SAFE_WORKLOAD_LABEL) if isinstance(labels, dict) else None
+    uid = safe_by_name.get(name, "") if name else ""
+    return "" if uid == metadata.get("uid") else uid
+
+
+@dataclass
+class Chains:
+    """For every GPU pod, its ancestors from the nearest up; plus what could not be followed."""
+
+    ancestors: dict[str, list[str]]  # pod uid -> owner uids, nearest first
+    problems: list[Problem]
+
+
+def resolve_chains(
+    pods: Iterable[tuple[str, dict]],
+    objects: Mapping[str, dict],
+    listed_kinds: set[KindRef],
+) -> Chains:
+    """Walk each pod's chain through `objects` (every listed owner, by uid).
+
+    A reference to a kind that was not listed (unknown to discovery) is a problem; so are cycles
+    and owners in another namespace. A reference to a listed kind whose object is gone ends the
+    chain quietly: the owner was deleted and the garbage collector has not caught up.
+    """
+    ancestors: dict[str, list[str]] = {}
+    problems: list[Problem] = []
+    safe_by_name = safe_workloads_by_name(objects)
+    for pod_uid, pod_metadata in pods:
+        chain: list[str] = []
+        current = pod_metadata
+        what = f"Pod {pod_metadata.get('namespace')}/{pod_metadata.get('name')}"
+        while len(chain) < MAX_DEPTH:
+            try:
+                ref = owner_ref(current)
+            except MalformedObject as exc:
+                problems.append(Problem("Owner", what, str(exc)))
+                break
+            if ref is None:
+                safe = parent_uid(current, safe_by_name)
+                if safe and safe not in chain:
+                    chain.append(safe)
+                break
+            owner = objects.get(ref.uid)
+            if owner is None:
+                if ref.kind_ref not in listed_kinds:
+                    problems.append(
+                        Problem(
+                            "Owner",
+                            what,
+                            f"owner kind {ref.kind_ref.kind} "
+                            f"({ref.kind_ref.group_version}) is not served by the cluster",
+                        )
+                    )
+                break
+            if ref.uid in chain:
+                problems.append(Problem("Owner", what, f"owner cycle through {ref.kind_ref.kind} {ref.name}"))
+                break
+            owner_namespace = owner["metadata"].get("namespace")
+            # ownerReferences never cross namespaces; one that seems to is a broken or forged object.
+            if owner_namespace and owner_namespace != current.get("namespace"):
+                problems.append(
+                    Problem(
+                        "Owner",
+                        what,
+                        f"owner {ref.kind_ref.kind} {ref.name} is in namespace {owner_namespace}",
+                    )
+                )
+                break
+            chain.append(ref.uid)
+            current = owner["metadata"]
+            what = f"{ref.kind_ref.kind} {owner_namespace or ''}/{ref.name}"
+        ancestors[pod_uid] = chain
+    return Chains(ancestors, problems)

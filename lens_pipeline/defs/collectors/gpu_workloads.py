@@ -1,0 +1,183 @@
+"""`gpu_workloads`: the owner chain of every GPU pod, walked to the top from one LIST per owner kind
+-> `gpu_workload`, `workload_pod_reference` (each pair once), `gpu_workload_snapshot` (on change)."""
+
+from collections import defaultdict
+from datetime import UTC, datetime
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    MaterializeResult,
+    asset,
+)
+
+from lens_pipeline.collect.owners import (
+    SAFE_GROUP_VERSION,
+    SAFE_KIND,
+    KindRef,
+    owner_ref,
+    parent_uid,
+    resolve_chains,
+    safe_workloads_by_name,
+)
+from lens_pipeline.collect.problems import MalformedObject, Problem
+from lens_pipeline.collect.workloads import snapshot_row, workload_row
+from lens_pipeline.defs.collectors.gpu_nodes import COLLECTOR_RETRY
+from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
+from lens_pipeline.defs.collectors.reporting import (
+    markdown_table,
+    problems_metadata,
+    read_metadata,
+    sync_metadata,
+)
+from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
+from lens_pipeline.defs.partitions import cluster_partitions
+from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
+from lens_pipeline.store.db import write_transaction
+from lens_pipeline.store.workloads import stored_workloads, write_workloads
+
+TABLE_COLUMNS = ("kind", "namespace", "name", "status", "gpu_request", "parent_uid")
+SAFE_KIND_REF = KindRef(SAFE_GROUP_VERSION, SAFE_KIND)
+
+
+def list_owner_kinds(
+    snapshot: ClusterSnapshot, start: set[KindRef]
+) -> tuple[dict[str, dict], set[KindRef], set[KindRef]]:
+    """Every object of every kind reachable upwards from `start`: one LIST per kind, found by discovery.
+
+    Returns (objects by uid, kinds listed, kinds the cluster does not serve)."""
+    objects: dict[str, dict] = {}
+    listed: set[KindRef] = set()
+    unserved: set[KindRef] = set()
+    pending = set(start)
+    while pending:
+        kind = pending.pop()
+        if kind in listed or kind in unserved:
+            continue
+        found = snapshot.objects(kind)
+        if found is None:
+            unserved.add(kind)
+            continue
+        listed.add(kind)
+        for obj in found:
+            objects[obj["metadata"]["uid"]] = obj
+            try:
+                ref = owner_ref(obj["metadata"])
+            except MalformedObject:
+                continue  # reported when a chain walks through it
+            if ref is not None:
+                pending.add(ref.kind_ref)
+    return objects, listed, unserved
+
+
+@asset(
+    partitions_def=cluster_partitions,
+    group_name="collectors",
+    kinds={"kubernetes", "sql"},
+    deps=[gpu_pods],
+    retry_policy=COLLECTOR_RETRY,
+    check_specs=[
+        AssetCheckSpec(
+            "owner_chains_resolved",
+            asset="gpu_workloads",
+            description="Every GPU pod's owner chain could be followed to its top.",
+        ),
+    ],
+    description="Workloads above GPU pods (Deployments, Jobs, PyTorchJobs, SaFE Workloads...): gpu_workload, "
+    "workload_pod_reference, gpu_workload_snapshot.",
+)
+def gpu_workloads(
+    context: AssetExecutionContext,
+    registry: ClusterRegistryResource,
+    kubernetes: KubernetesResource,
+    lens_db: LensDatabase,
+) -> MaterializeResult:
+    cluster = registry.cluster(context.partition_key)
+    snapshot = kubernetes.snapshot(cluster)
+    stats_before = snapshot.reader.stats.copy()
+    pods = snapshot.gpu_pods
+    engine = lens_db.engine()
+    with engine.connect() as conn:
+        stored = stored_workloads(conn, cluster.name)
+
+    start = {SAFE_KIND_REF}
+    start |= {KindRef(s["group_version"], s["kind"]) for s in stored.values() if s["status"] != "Deleted"}
+    problems: list[Problem] = []
+    for pod in pods:
+        try:
+            ref = owner_ref(pod.metadata)
+        except MalformedObject as exc:
+            problems.append(Problem("Pod", pod.metadata.get("name", ""), str(exc)))
+            continue
+        if ref is not None:
+            start.add(ref.kind_ref)
+    objects, listed, unserved = list_owner_kinds(snapshot, start)
+    chains = resolve_chains(((p.uid, p.metadata) for p in pods), objects, listed)
+    problems += chains.problems
+
+    below: dict[str, list] = defaultdict(list)
+    references = set()
+    for pod in pods:
+        for uid in chains.ancestors.get(pod.uid, []):
+            below[uid].append(pod)
+            references.add((uid, pod.uid))
+    # Stored workloads whose object still exists but has no GPU pod below it any more: Done, not Deleted.
+    still_there = [
+        u for u, s in stored.items() if u not in below and s["status"] != "Deleted" and u in objects
+    ]
+    safe_by_name = safe_workloads_by_name(objects)
+    rows, snapshots, unreadable = [], [], []
+    for uid in [*below, *still_there]:
+        obj = objects[uid]
+        try:
+            rows.append(workload_row(obj, parent_uid(obj["metadata"], safe_by_name), below.get(uid, [])))
+            snapshots.append(snapshot_row(obj))
+        except MalformedObject as exc:
+            problems.append(Problem(str(obj.get("kind")), str(obj["metadata"].get("name")), str(exc)))
+            unreadable.append(uid)
+
+    with write_transaction(engine) as conn:
+        written = write_workloads(
+            conn,
+            cluster.name,
+            workloads=rows,
+            references=references,
+            snapshots=snapshots,
+            stored=stored,
+            now=datetime.now(UTC),
+            unreadable=unreadable,
+        )
+    for problem in problems[:20]:
+        context.log.warning(f"cluster {cluster.name}: {problem}")
+    by_status: dict[str, int] = defaultdict(int)
+    for row in rows:
+        by_status[row["status"]] += 1
+    top_level = [r for r in rows if not r["parent_uid"]]
+    return MaterializeResult(
+        metadata={
+            "cluster": cluster.name,
+            "dagster/row_count": len(rows),
+            "top_level_workloads": len(top_level),
+            **{f"workloads_{status.lower()}": n for status, n in sorted(by_status.items())},
+            "owner_kinds_listed": sorted(f"{k.kind}.{k.group_version}" for k in listed),
+            "owner_kinds_not_served": sorted(f"{k.kind}.{k.group_version}" for k in unserved),
+            **sync_metadata(written["gpu_workload"]),
+            "pod_references_added": written["workload_pod_reference"],
+            "workload_snapshots_written": written["gpu_workload_snapshot"],
+            **read_metadata(snapshot.reader.stats.since(stats_before), 0),
+            **problems_metadata(problems),
+            "top_level": markdown_table(
+                sorted(top_level, key=lambda r: (r["namespace"], r["name"])), TABLE_COLUMNS
+            ),
+        },
+        check_results=[
+            AssetCheckResult(
+                check_name="owner_chains_resolved",
+                passed=not problems,
+                severity=AssetCheckSeverity.WARN,
+                metadata={"problems": len(problems)},
+            ),
+        ],
+    )

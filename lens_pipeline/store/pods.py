@@ -1,0 +1,82 @@
+"""Writing `gpu_pods`, `pod_resource`, `pod_snapshot` and `gpu_pods_event` for one cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from lens_pipeline.store.schema import gpu_pods, gpu_pods_event, pod_resource, pod_snapshot
+from lens_pipeline.store.upsert import SyncResult, bulk_upsert, sync_snapshot
+
+Row = dict[str, Any]
+
+
+def latest_versions(conn: Connection, table: Any, cluster_name: str, uid_column: str) -> dict[str, int]:
+    """The newest stored resource_version per object: a snapshot is written only when it moved."""
+    uid = table.c[uid_column]
+    query = (
+        select(uid, func.max(table.c.resource_version))
+        .where(table.c.cluster_name == cluster_name)
+        .group_by(uid)
+    )
+    return {row[0]: row[1] for row in conn.execute(query)}
+
+
+def write_pods(
+    conn: Connection,
+    cluster_name: str,
+    *,
+    pods: Sequence[Row],
+    resources: Sequence[Row],
+    snapshots: Sequence[Row],
+    events_of: Any,
+    now: datetime,
+    unreadable: Iterable[str] = (),
+) -> dict[str, Any]:
+    """One cluster's GPU pods, as one transaction's worth of writes.
+
+    Pods gone from the cluster are marked `deleted`, not running, and their `pod_resource` gets an
+    `end_at`; nothing is dropped. A snapshot (and the condition events it brings) is written only
+    for pods whose resourceVersion is newer than the last stored one. `events_of(uid)` gives the
+    event rows of a pod whose snapshot is new.
+    """
+    scope = {"cluster_name": cluster_name}
+    protect = [(cluster_name, uid) for uid in unreadable]
+    pods_result: SyncResult = sync_snapshot(
+        conn,
+        gpu_pods,
+        scope,
+        [{**scope, **r} for r in pods],
+        now=now,
+        on_vanish={"deleted": True, "running": False},
+        vanish_filter=lambda stored: not (stored["deleted"] and not stored["running"]),
+        protect=protect,
+    )
+    resources_result = sync_snapshot(
+        conn,
+        pod_resource,
+        scope,
+        [{**scope, **r} for r in resources],
+        now=now,
+        on_vanish={"end_at": now},
+        vanish_filter=lambda stored: stored["end_at"] is None,
+        protect=protect,
+    )
+    known = latest_versions(conn, pod_snapshot, cluster_name, "pod_uid")
+    new_snapshots = [
+        {**scope, **s, "created_at": now}
+        for s in snapshots
+        if s["resource_version"] > known.get(s["pod_uid"], -1)
+    ]
+    bulk_upsert(conn, pod_snapshot, new_snapshots, update_columns=[])
+    events = [{**scope, **e} for s in new_snapshots for e in events_of(s["pod_uid"])]
+    bulk_upsert(conn, gpu_pods_event, events, update_columns=[])
+    return {
+        "gpu_pods": pods_result,
+        "pod_resource": resources_result,
+        "pod_snapshot": len(new_snapshots),
+        "gpu_pods_event": len(events),
+    }
