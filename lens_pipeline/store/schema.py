@@ -102,7 +102,7 @@ gpu_device = Table(
     UniqueConstraint("cluster_name", "node_name", "gpu_id"),
 )
 
-# §1.3
+# §1.3 (keyed by node and device name: node_exporter's infiniband collector names devices, not GUIDs)
 rdma_device = Table(
     "rdma_device",
     lens_metadata,
@@ -110,15 +110,15 @@ rdma_device = Table(
     _cluster(),
     Column("node_id", Integer),
     Column("node_name", String(K8S_NAME), nullable=False),
-    Column("ifname", String(256)),
-    Column("node_guid", String(256), nullable=False),
-    Column("if_index", Integer, nullable=False),
+    Column("ifname", String(256), nullable=False),
+    Column("node_guid", String(256)),
+    Column("if_index", Integer),
     Column("fw", String(64)),
     Column("node_type", String(64)),
     Column("created_at", UTCDateTime()),
     Column("updated_at", UTCDateTime()),
     Column("deleted_at", UTCDateTime()),
-    UniqueConstraint("cluster_name", "node_name", "node_guid", "if_index"),
+    UniqueConstraint("cluster_name", "node_name", "ifname"),
 )
 
 # §1.4: append-only audit; the key makes a replayed change a no-op.
