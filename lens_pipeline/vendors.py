@@ -19,11 +19,22 @@ class VendorProfile:
     util_metric: str  # per-GPU utilization, 0-100
     node_label: str  # exporter label holding the Kubernetes node name
     gpu_index_label: str
-    extra: dict[str, str] = field(default_factory=dict)
+    serial_label: str  # exporter label identifying the card (serial number or UUID)
+    model_label: str  # exporter label naming the model
+    # Per-GPU figures of `gpu_device`: figure -> metric. Memory in MB; NVIDIA reports used and free.
+    device_metrics: dict[str, str] = field(default_factory=dict)
 
     def node_utilization_query(self) -> str:
         """One grouped query for every node's mean GPU utilization (never one query per node)."""
         return f"avg by ({self.node_label}) ({self.util_metric})"
+
+    def identity_query(self) -> str:
+        """Every GPU with its identity labels and utilization, in one query."""
+        labels = ", ".join((self.node_label, self.gpu_index_label, self.serial_label, self.model_label))
+        return f"max by ({labels}) ({self.util_metric})"
+
+    def figure_query(self, figure: str) -> str:
+        return f"max by ({self.node_label}, {self.gpu_index_label}) ({self.device_metrics[figure]})"
 
 
 AMD = VendorProfile(
@@ -35,6 +46,13 @@ AMD = VendorProfile(
     util_metric="gpu_gfx_activity",
     node_label="hostname",
     gpu_index_label="gpu_id",
+    serial_label="serial_number",
+    model_label="card_series",
+    device_metrics={
+        "temperature": "gpu_junction_temperature",
+        "power": "gpu_package_power",
+        "vram_total": "gpu_total_vram",
+    },
 )
 
 NVIDIA = VendorProfile(
@@ -46,6 +64,14 @@ NVIDIA = VendorProfile(
     util_metric="DCGM_FI_DEV_GPU_UTIL",
     node_label="Hostname",
     gpu_index_label="gpu",
+    serial_label="UUID",
+    model_label="modelName",
+    device_metrics={
+        "temperature": "DCGM_FI_DEV_GPU_TEMP",
+        "power": "DCGM_FI_DEV_POWER_USAGE",
+        "vram_used": "DCGM_FI_DEV_FB_USED",
+        "vram_free": "DCGM_FI_DEV_FB_FREE",
+    },
 )
 
 PROFILES: dict[str, VendorProfile] = {p.name: p for p in (AMD, NVIDIA)}
@@ -62,3 +88,24 @@ def profiles_for(vendor: str) -> tuple[VendorProfile, ...]:
         raise ValueError(
             f"unknown GPU vendor {vendor!r}; expected one of {', '.join(VENDOR_CHOICES)}"
         ) from None
+
+
+@dataclass(frozen=True)
+class NicProfile:
+    """InfiniBand/RDMA NICs as node_exporter's infiniband collector shows them."""
+
+    info_metric: str = "node_infiniband_info"
+    node_label: str = "node"  # added by the scrape config (node_exporter itself names no node)
+    device_label: str = "device"
+    firmware_label: str = "firmware_version"
+    type_label: str = "hca_type"
+    board_label: str = "board_id"
+
+    def info_query(self) -> str:
+        labels = ", ".join(
+            (self.node_label, self.device_label, self.firmware_label, self.type_label, self.board_label)
+        )
+        return f"max by ({labels}) ({self.info_metric})"
+
+
+INFINIBAND = NicProfile()

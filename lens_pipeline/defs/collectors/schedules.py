@@ -13,13 +13,14 @@ from dagster import (
     schedule,
 )
 
+from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
 from lens_pipeline.defs.collectors.storage_backends import storage_backends
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, CLUSTER_TAG
 
-COLLECTORS = (gpu_nodes, gpu_pods, gpu_workloads, storage_backends)
+COLLECTORS = (gpu_nodes, gpu_pods, gpu_workloads, gpu_devices, storage_backends)
 
 collect_cluster_job = define_asset_job(
     "collect_cluster",

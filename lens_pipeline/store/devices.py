@@ -1,0 +1,88 @@
+"""Writing `gpu_device`, `rdma_device` and `node_device_changelog` for one cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from lens_pipeline.collect.devices import device_changes
+from lens_pipeline.store.schema import gpu_device, node, node_device_changelog, rdma_device
+from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
+
+Row = dict[str, Any]
+
+
+def node_ids(conn: Connection, cluster_name: str) -> dict[str, int]:
+    query = select(node.c.name, node.c.id).where(node.c.cluster_name == cluster_name)
+    return {name: id_ for name, id_ in conn.execute(query)}
+
+
+def write_devices(
+    conn: Connection,
+    cluster_name: str,
+    *,
+    gpus: Sequence[Row],
+    nics: Sequence[Row] | None,
+    now: datetime,
+    keep_nodes: Iterable[str] = (),
+) -> dict[str, Any]:
+    """GPUs that vanished are deleted (as the original did) and NICs soft-deleted, both with a
+    changelog row; devices of `keep_nodes` (not Ready: their exporters are silent, not their GPUs
+    gone) are left as they are. `nics` None: the NIC metrics were not available this run."""
+    scope = {"cluster_name": cluster_name}
+    keep = set(keep_nodes)
+    ids = node_ids(conn, cluster_name)
+    stored_gpus = {
+        (r.node_name, r.gpu_id): (r.gpu_model or "", r.serial or "")
+        for r in conn.execute(
+            select(
+                gpu_device.c.node_name, gpu_device.c.gpu_id, gpu_device.c.gpu_model, gpu_device.c.serial
+            ).where(gpu_device.c.cluster_name == cluster_name)
+        )
+    }
+    seen_gpus = {(r["node_name"], r["gpu_id"]): (r["gpu_model"] or "", r["serial"] or "") for r in gpus}
+    kept_gpus = {k: v for k, v in stored_gpus.items() if k[0] in keep and k not in seen_gpus}
+    changes = device_changes(stored_gpus, {**seen_gpus, **kept_gpus}, "gpu")
+    gpu_result = sync_snapshot(
+        conn,
+        gpu_device,
+        scope,
+        [{**scope, **r, "node_id": ids.get(r["node_name"])} for r in gpus],
+        now=now,
+        on_vanish="delete",
+        protect=[(cluster_name, *k) for k in kept_gpus],
+    )
+    nic_result = None
+    if nics is not None:
+        stored_nics = {
+            (r.node_name, r.ifname): (r.ifname, r.fw or "")
+            for r in conn.execute(
+                select(rdma_device.c.node_name, rdma_device.c.ifname, rdma_device.c.fw).where(
+                    rdma_device.c.cluster_name == cluster_name, rdma_device.c.deleted_at.is_(None)
+                )
+            )
+        }
+        seen_nics = {(r["node_name"], r["ifname"]): (r["ifname"], r["ifname"]) for r in nics}
+        kept_nics = {k: (k[1], k[1]) for k in stored_nics if k[0] in keep and k not in seen_nics}
+        before = {k: (k[1], k[1]) for k in stored_nics}
+        changes += device_changes(before, {**seen_nics, **kept_nics}, "rdma")
+        nic_result = sync_snapshot(
+            conn,
+            rdma_device,
+            scope,
+            [{**scope, **r, "node_id": ids.get(r["node_name"]), "deleted_at": None} for r in nics],
+            now=now,
+            on_vanish={"deleted_at": now},
+            vanish_filter=lambda record: record["deleted_at"] is None,
+            protect=[(cluster_name, *k) for k in kept_nics],
+        )
+    bulk_upsert(
+        conn,
+        node_device_changelog,
+        [{**scope, **c, "node_id": ids.get(c["node_name"]), "created_at": now} for c in changes],
+        update_columns=[],
+    )
+    return {"gpu_device": gpu_result, "rdma_device": nic_result, "changes": changes}
