@@ -3,14 +3,14 @@ query per figure (never one per node) -> `gpu_device`, `rdma_device`, `node_devi
 
 from datetime import UTC, datetime
 
-from dagster import AssetCheckResult, AssetCheckSpec, AssetExecutionContext, MaterializeResult, asset
+from dagster import AssetExecutionContext, MaterializeResult
 
 from lens_pipeline.collect.devices import gpu_device_rows, rdma_device_rows
 from lens_pipeline.collect.nodes import gpu_models_by_node, ready_status
 from lens_pipeline.collect.problems import MalformedObject, object_name
-from lens_pipeline.defs.collectors.gpu_nodes import COLLECTOR_RETRY, gpu_nodes
+from lens_pipeline.defs.collectors.common import CollectorRun, collector
+from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
-from lens_pipeline.defs.partitions import cluster_partitions
 from lens_pipeline.defs.resources import (
     ClusterRegistryResource,
     KubernetesResource,
@@ -27,21 +27,12 @@ def _pairs(samples):
     return [(s.labels, s.value) for s in samples]
 
 
-@asset(
-    partitions_def=cluster_partitions,
-    group_name="collectors",
-    kinds={"prometheus", "sql"},
-    deps=[gpu_nodes],
-    retry_policy=COLLECTOR_RETRY,
-    check_specs=[
-        AssetCheckSpec(
-            "devices_on_known_nodes",
-            asset="gpu_devices",
-            description="Every device belongs to a node of the cluster.",
-        ),
-    ],
+@collector(
     description="GPU and RDMA devices of one cluster from exporter metrics: gpu_device, rdma_device, "
     "node_device_changelog.",
+    kinds=frozenset({"prometheus", "sql"}),
+    deps=[gpu_nodes],
+    checks={"devices_on_known_nodes": "Every device belongs to a node of the cluster."},
 )
 def gpu_devices(
     context: AssetExecutionContext,
@@ -50,13 +41,13 @@ def gpu_devices(
     prometheus: PrometheusResource,
     lens_db: LensDatabase,
 ) -> MaterializeResult:
-    cluster = registry.cluster(context.partition_key)
-    prom = prometheus.reader(cluster)
+    run = CollectorRun.start(context, registry, kubernetes)
+    prom = prometheus.reader(run.cluster)
     if prom is None:
         raise RuntimeError(
-            f"cluster {cluster.name!r}: no prometheus_url in the registry; devices come from metrics"
+            f"cluster {run.cluster.name!r}: no prometheus_url in the registry; devices come from metrics"
         )
-    snapshot = kubernetes.snapshot(cluster)
+    snapshot = run.snapshot
     models = gpu_models_by_node(snapshot.nodes, snapshot.profiles)
     not_ready, known_nodes = set(), set()
     for node in snapshot.nodes:
@@ -78,30 +69,23 @@ def gpu_devices(
     except PromError as exc:
         context.log.warning(f"{exc}; RDMA devices left as stored")
         nics = None
+    run.prometheus_queries = prom.queries
 
     with write_transaction(lens_db.engine()) as conn:
         written = write_devices(
-            conn, cluster.name, gpus=gpus, nics=nics, now=datetime.now(UTC), keep_nodes=not_ready
+            conn, run.cluster.name, gpus=gpus, nics=nics, now=datetime.now(UTC), keep_nodes=not_ready
         )
     strangers = sorted({r["node_name"] for r in [*gpus, *(nics or [])]} - known_nodes)
-    return MaterializeResult(
-        metadata={
-            "cluster": cluster.name,
+    return run.finish(
+        {
             "dagster/row_count": len(gpus),
             "gpus": len(gpus),
             "rdma_devices": len(nics) if nics is not None else -1,
             **sync_metadata(written["gpu_device"]),
             "changelog_rows": len(written["changes"]),
-            "prometheus_queries": prom.queries,
             "devices": markdown_table(
                 gpus, ("node_name", "gpu_id", "gpu_model", "utilization", "temperature", "power", "memory")
             ),
         },
-        check_results=[
-            AssetCheckResult(
-                check_name="devices_on_known_nodes",
-                passed=not strangers,
-                metadata={"unknown_nodes": strangers[:50]},
-            ),
-        ],
+        [run.check("devices_on_known_nodes", not strangers, unknown_nodes=strangers[:50])],
     )

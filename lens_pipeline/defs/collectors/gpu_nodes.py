@@ -6,27 +6,12 @@ the cluster; the rows come from `collect.nodes`, the write from `store.nodes`.
 
 from datetime import UTC, datetime
 
-from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
-    AssetCheckSpec,
-    AssetExecutionContext,
-    Backoff,
-    Jitter,
-    MaterializeResult,
-    RetryPolicy,
-    asset,
-)
+from dagster import AssetExecutionContext, MaterializeResult
 
 from lens_pipeline.collect.nodes import gpu_node_rows, utilization_by_node
 from lens_pipeline.collect.pods import allocation_by_node
-from lens_pipeline.defs.collectors.reporting import (
-    markdown_table,
-    problems_metadata,
-    read_metadata,
-    sync_metadata,
-)
-from lens_pipeline.defs.partitions import cluster_partitions
+from lens_pipeline.defs.collectors.common import CollectorRun, collector
+from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.defs.resources import (
     ClusterRegistryResource,
     KubernetesResource,
@@ -37,33 +22,17 @@ from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.nodes import stored_utilization, write_gpu_nodes
 
-COLLECTOR_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilization", "status", "address")
 
 
-@asset(
-    partitions_def=cluster_partitions,
-    group_name="collectors",
-    kinds={"kubernetes", "prometheus", "sql"},
-    retry_policy=COLLECTOR_RETRY,
-    check_specs=[
-        AssetCheckSpec(
-            "allocation_within_capacity",
-            asset="gpu_nodes",
-            description="No node has more GPUs allocated than it has.",
-        ),
-        AssetCheckSpec(
-            "every_node_readable",
-            asset="gpu_nodes",
-            description="Every Node and Pod object of the cluster could be read.",
-        ),
-        AssetCheckSpec(
-            "utilization_fresh",
-            asset="gpu_nodes",
-            description="Prometheus answered the utilization query this run.",
-        ),
-    ],
+@collector(
     description="GPU nodes of one cluster (Lens `node` table): capacity, allocation, utilization, health.",
+    kinds=frozenset({"kubernetes", "prometheus", "sql"}),
+    checks={
+        "allocation_within_capacity": "No node has more GPUs allocated than it has.",
+        "every_node_readable": "Every Node and Pod object of the cluster could be read.",
+        "utilization_fresh": "Prometheus answered the utilization query this run.",
+    },
 )
 def gpu_nodes(
     context: AssetExecutionContext,
@@ -72,18 +41,16 @@ def gpu_nodes(
     prometheus: PrometheusResource,
     lens_db: LensDatabase,
 ) -> MaterializeResult:
-    cluster = registry.cluster(context.partition_key)
-    snapshot = kubernetes.snapshot(cluster)
-    profiles = snapshot.profiles
-    started, stats_before = datetime.now(UTC), snapshot.reader.stats.copy()
-    nodes, gpu_pods, problems = snapshot.nodes, snapshot.gpu_pods, snapshot.pod_problems
+    run = CollectorRun.start(context, registry, kubernetes)
+    snapshot = run.snapshot
+    run.problems += snapshot.pod_problems
 
-    prom = prometheus.reader(cluster)
+    prom = prometheus.reader(run.cluster)
     utilization: dict[str, float] | None = {}
     prom_error = "no prometheus_url in the registry" if prom is None else None
     if prom is not None:
         try:
-            for profile in profiles:
+            for profile in snapshot.profiles:
                 samples = prom.vector(profile.node_utilization_query())
                 utilization.update(
                     utilization_by_node(((s.labels, s.value) for s in samples), profile.node_label)
@@ -91,54 +58,38 @@ def gpu_nodes(
         except PromError as exc:
             context.log.warning(f"{exc}; keeping each node's last stored utilization")
             prom_error, utilization = str(exc), None
+        run.prometheus_queries = prom.queries
 
-    engine = lens_db.engine()
-    with write_transaction(engine) as conn:
+    with write_transaction(lens_db.engine()) as conn:
         if utilization is None:
-            utilization = {k: v for k, v in stored_utilization(conn, cluster.name).items() if v is not None}
+            utilization = {
+                k: v for k, v in stored_utilization(conn, run.cluster.name).items() if v is not None
+            }
         rows, node_problems, unreadable = gpu_node_rows(
-            nodes, profiles, allocation_by_node(gpu_pods), utilization
+            snapshot.nodes, snapshot.profiles, allocation_by_node(snapshot.gpu_pods), utilization
         )
-        result = write_gpu_nodes(conn, cluster.name, rows, now=datetime.now(UTC), unreadable=unreadable)
-    problems = node_problems + problems
-    for problem in problems[:20]:
-        context.log.warning(f"cluster {cluster.name}: skipped {problem}")
+        result = write_gpu_nodes(conn, run.cluster.name, rows, now=datetime.now(UTC), unreadable=unreadable)
+    run.problems[:0] = node_problems
 
     capacity = sum(r["gpu_count"] for r in rows)
     allocated = sum(r["gpu_allocation"] for r in rows)
     over = [r["name"] for r in rows if r["gpu_allocation"] > r["gpu_count"]]
-    return MaterializeResult(
-        metadata={
-            "cluster": cluster.name,
+    return run.finish(
+        {
             "dagster/row_count": len(rows),
             "gpu_nodes": len(rows),
             "ready_nodes": sum(r["status"] == "Ready" for r in rows),
             "gpu_capacity": capacity,
             "gpu_allocated": allocated,
             "allocation_rate": round(100.0 * allocated / capacity, 3) if capacity else 0.0,
-            "duration_seconds": round((datetime.now(UTC) - started).total_seconds(), 3),
             **sync_metadata(result),
-            **read_metadata(snapshot.reader.stats.since(stats_before), prom.queries if prom else 0),
-            **problems_metadata(problems),
             "nodes": markdown_table(rows, TABLE_COLUMNS),
         },
-        check_results=[
-            AssetCheckResult(
-                check_name="allocation_within_capacity",
-                passed=not over,
-                metadata={"over_allocated_nodes": over[:50], "count": len(over)},
+        [
+            run.check(
+                "allocation_within_capacity", not over, over_allocated_nodes=over[:50], count=len(over)
             ),
-            AssetCheckResult(
-                check_name="every_node_readable",
-                passed=not problems,
-                severity=AssetCheckSeverity.WARN,
-                metadata={"malformed_objects": len(problems)},
-            ),
-            AssetCheckResult(
-                check_name="utilization_fresh",
-                passed=prom_error is None,
-                severity=AssetCheckSeverity.WARN,
-                metadata={"error": prom_error or ""},
-            ),
+            run.readable_check("every_node_readable"),
+            run.check("utilization_fresh", prom_error is None, warn=True, error=prom_error or ""),
         ],
     )

@@ -4,14 +4,7 @@
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from dagster import (
-    AssetCheckResult,
-    AssetCheckSeverity,
-    AssetCheckSpec,
-    AssetExecutionContext,
-    MaterializeResult,
-    asset,
-)
+from dagster import AssetExecutionContext, MaterializeResult
 
 from lens_pipeline.collect.owners import (
     SAFE_GROUP_VERSION,
@@ -24,16 +17,10 @@ from lens_pipeline.collect.owners import (
 )
 from lens_pipeline.collect.problems import MalformedObject, Problem
 from lens_pipeline.collect.workloads import snapshot_row, workload_row
-from lens_pipeline.defs.collectors.gpu_nodes import COLLECTOR_RETRY
+from lens_pipeline.defs.collectors.common import CollectorRun, collector
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
-from lens_pipeline.defs.collectors.reporting import (
-    markdown_table,
-    problems_metadata,
-    read_metadata,
-    sync_metadata,
-)
+from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
-from lens_pipeline.defs.partitions import cluster_partitions
 from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.workloads import stored_workloads, write_workloads
@@ -72,21 +59,11 @@ def list_owner_kinds(
     return objects, listed, unserved
 
 
-@asset(
-    partitions_def=cluster_partitions,
-    group_name="collectors",
-    kinds={"kubernetes", "sql"},
-    deps=[gpu_pods],
-    retry_policy=COLLECTOR_RETRY,
-    check_specs=[
-        AssetCheckSpec(
-            "owner_chains_resolved",
-            asset="gpu_workloads",
-            description="Every GPU pod's owner chain could be followed to its top.",
-        ),
-    ],
+@collector(
     description="Workloads above GPU pods (Deployments, Jobs, PyTorchJobs, SaFE Workloads...): gpu_workload, "
     "workload_pod_reference, gpu_workload_snapshot.",
+    deps=[gpu_pods],
+    checks={"owner_chains_resolved": "Every GPU pod's owner chain could be followed to its top."},
 )
 def gpu_workloads(
     context: AssetExecutionContext,
@@ -94,28 +71,26 @@ def gpu_workloads(
     kubernetes: KubernetesResource,
     lens_db: LensDatabase,
 ) -> MaterializeResult:
-    cluster = registry.cluster(context.partition_key)
-    snapshot = kubernetes.snapshot(cluster)
-    stats_before = snapshot.reader.stats.copy()
-    pods = snapshot.gpu_pods
+    run = CollectorRun.start(context, registry, kubernetes)
+    pods = run.snapshot.gpu_pods
     engine = lens_db.engine()
     with engine.connect() as conn:
-        stored = stored_workloads(conn, cluster.name)
+        stored = stored_workloads(conn, run.cluster.name)
 
+    # Kinds to list: what GPU pods point at, what stored unfinished workloads are, and SaFE Workloads.
     start = {SAFE_KIND_REF}
     start |= {KindRef(s["group_version"], s["kind"]) for s in stored.values() if s["status"] != "Deleted"}
-    problems: list[Problem] = []
     for pod in pods:
         try:
             ref = owner_ref(pod.metadata)
         except MalformedObject as exc:
-            problems.append(Problem("Pod", pod.metadata.get("name", ""), str(exc)))
+            run.problems.append(Problem("Pod", pod.metadata["name"], str(exc)))
             continue
         if ref is not None:
             start.add(ref.kind_ref)
-    objects, listed, unserved = list_owner_kinds(snapshot, start)
+    objects, listed, unserved = list_owner_kinds(run.snapshot, start)
     chains = resolve_chains(((p.uid, p.metadata) for p in pods), objects, listed)
-    problems += chains.problems
+    run.problems += chains.problems
 
     below: dict[str, list] = defaultdict(list)
     references = set()
@@ -135,13 +110,13 @@ def gpu_workloads(
             rows.append(workload_row(obj, parent_uid(obj["metadata"], safe_by_name), below.get(uid, [])))
             snapshots.append(snapshot_row(obj))
         except MalformedObject as exc:
-            problems.append(Problem(str(obj.get("kind")), str(obj["metadata"].get("name")), str(exc)))
+            run.problems.append(Problem(str(obj.get("kind")), str(obj["metadata"].get("name")), str(exc)))
             unreadable.append(uid)
 
     with write_transaction(engine) as conn:
         written = write_workloads(
             conn,
-            cluster.name,
+            run.cluster.name,
             workloads=rows,
             references=references,
             snapshots=snapshots,
@@ -149,15 +124,12 @@ def gpu_workloads(
             now=datetime.now(UTC),
             unreadable=unreadable,
         )
-    for problem in problems[:20]:
-        context.log.warning(f"cluster {cluster.name}: {problem}")
     by_status: dict[str, int] = defaultdict(int)
     for row in rows:
         by_status[row["status"]] += 1
-    top_level = [r for r in rows if not r["parent_uid"]]
-    return MaterializeResult(
-        metadata={
-            "cluster": cluster.name,
+    top_level = sorted((r for r in rows if not r["parent_uid"]), key=lambda r: (r["namespace"], r["name"]))
+    return run.finish(
+        {
             "dagster/row_count": len(rows),
             "top_level_workloads": len(top_level),
             **{f"workloads_{status.lower()}": n for status, n in sorted(by_status.items())},
@@ -166,18 +138,7 @@ def gpu_workloads(
             **sync_metadata(written["gpu_workload"]),
             "pod_references_added": written["workload_pod_reference"],
             "workload_snapshots_written": written["gpu_workload_snapshot"],
-            **read_metadata(snapshot.reader.stats.since(stats_before), 0),
-            **problems_metadata(problems),
-            "top_level": markdown_table(
-                sorted(top_level, key=lambda r: (r["namespace"], r["name"])), TABLE_COLUMNS
-            ),
+            "top_level": markdown_table(top_level, TABLE_COLUMNS),
         },
-        check_results=[
-            AssetCheckResult(
-                check_name="owner_chains_resolved",
-                passed=not problems,
-                severity=AssetCheckSeverity.WARN,
-                metadata={"problems": len(problems)},
-            ),
-        ],
+        [run.readable_check("owner_chains_resolved")],
     )
