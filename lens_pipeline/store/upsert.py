@@ -144,11 +144,10 @@ def sync_snapshot(
         else:
             result.unchanged += 1
     if inserts:
-        stamp = {
-            **({"created_at": now} if has_created else {}),
-            **({"updated_at": now} if has_updated else {}),
-        }
-        bulk_upsert(conn, table, [{**row, **stamp} for row in inserts])
+        # A row may bring its own created_at (an object's creation time); otherwise it is first-seen time.
+        first_seen = {"created_at": now} if has_created else {}
+        stamp = {"updated_at": now} if has_updated else {}
+        bulk_upsert(conn, table, [{**first_seen, **row, **stamp} for row in inserts])
     if updates:
         stamp = {"updated_at": now} if has_updated else {}
         bulk_upsert(conn, table, [{**row, **stamp} for row in updates])
