@@ -1,0 +1,164 @@
+"""All collectors of a cluster in one Dagster run, against the simulator's ground truth, through churn.
+
+After any number of churn steps, `gpu_pods`, `gpu_workload` (+ references) and `storage` equal what
+the simulator says a correct pipeline stores; a run that sees no change writes no row; the
+Kubernetes requests of a run are pages and discovery only.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from dagster import instance_for_test, materialize
+from sqlalchemy import select
+
+from lens_pipeline.defs import resources
+from lens_pipeline.defs.collectors.schedules import COLLECTORS
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
+from lens_pipeline.kube.reader import KubeReader
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.schema import gpu_pods, gpu_workload, storage, workload_pod_reference
+
+POD_COLUMNS = (
+    "namespace",
+    "name",
+    "uid",
+    "node_name",
+    "gpu_allocated",
+    "phase",
+    "deleted",
+    "running",
+    "ip",
+    "owner_uid",
+)
+WORKLOAD_COLUMNS = (
+    "uid",
+    "group_version",
+    "kind",
+    "namespace",
+    "name",
+    "parent_uid",
+    "labels",
+    "annotations",
+    "gpu_request",
+    "status",
+)
+WRITE_COUNTS = ("rows_inserted", "rows_updated", "rows_vanished")
+
+
+@pytest.fixture
+def fleet_and_registry(tmp_path):
+    fleet = SimFleet.generate(clusters=2, nodes=16, seed=21, vendor="mixed")
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [c.name for c in fleet])
+        yield fleet, server, write_registry(tmp_path / "clusters.yaml", server), instance
+
+
+def collect(cluster: str, registry, url: str, instance):
+    result = materialize(
+        list(COLLECTORS),
+        partition_key=cluster,
+        instance=instance,
+        resources={
+            **resources.defs.resources,
+            "registry": ClusterRegistryResource(clusters_file=str(registry)),
+            "kubernetes": KubernetesResource(page_size=7, max_retries=1, backoff_seconds=0.05),
+            "lens_db": LensDatabase(url=url),
+        },
+    )
+    assert result.success
+    return {
+        node: {k: v.value for k, v in event.metadata.items()}
+        for node in ("gpu_nodes", "gpu_pods", "gpu_workloads", "gpu_devices", "storage_backends")
+        for event in result.asset_materializations_for_node(node)
+    }
+
+
+def truth(server: SimServer, cluster: str) -> dict:
+    with urllib.request.urlopen(f"{server.base_url(cluster)}/_truth") as response:
+        return json.load(response)
+
+
+def table(url: str, t, cluster: str) -> list[dict]:
+    with get_engine(url).connect() as conn:
+        return [dict(r) for r in conn.execute(select(t).where(t.c.cluster_name == cluster)).mappings()]
+
+
+def assert_matches_truth(url: str, server: SimServer, cluster: str) -> None:
+    expected = truth(server, cluster)
+    pods = {r["uid"]: r for r in table(url, gpu_pods, cluster)}
+    for want in expected["pods"]:
+        assert {c: pods[want["uid"]][c] for c in POD_COLUMNS} == {c: want[c] for c in POD_COLUMNS}
+    live = {p["uid"] for p in expected["pods"]}
+    for uid, row in pods.items():
+        if uid not in live:  # gone from the cluster: kept, marked, never dropped
+            assert uid in expected["removed_pods"] and row["deleted"] and not row["running"], row
+
+    workloads = {r["uid"]: r for r in table(url, gpu_workload, cluster)}
+    for want in expected["workloads"]:
+        have = workloads[want["uid"]]
+        assert {c: have[c] for c in WORKLOAD_COLUMNS} == {c: want[c] for c in WORKLOAD_COLUMNS}, want["name"]
+        assert (have["end_at"] is None) == (want["status"] in ("Running", "Pending"))
+    current = {w["uid"] for w in expected["workloads"]}
+    for uid, row in workloads.items():
+        if uid in expected["removed_workloads"] and uid not in current:
+            assert row["status"] == "Deleted" and row["end_at"] is not None
+        elif uid not in current:
+            assert row["status"] in ("Done", "Failed", "Deleted"), row
+
+    references = {(r["workload_uid"], r["pod_uid"]) for r in table(url, workload_pod_reference, cluster)}
+    for want in expected["workloads"]:
+        assert {(want["uid"], p) for p in want["pod_uids"]} <= references
+
+    backends = {(r["kind"], r["name"]) for r in table(url, storage, cluster) if r["deleted_at"] is None}
+    assert backends == {(s["kind"], s["name"]) for s in expected["storage"]}
+
+
+def test_every_collector_equals_the_truth_through_churn(fleet_and_registry, lens_url):
+    fleet, server, registry, instance = fleet_and_registry
+    for cluster in fleet:
+        collect(cluster.name, registry, lens_url, instance)
+        assert_matches_truth(lens_url, server, cluster.name)
+    amd = fleet.clusters[0]
+    for _ in range(3):
+        amd.churn(steps=4)
+        collect(amd.name, registry, lens_url, instance)
+        assert_matches_truth(lens_url, server, amd.name)
+
+    # Nothing changed since the last run: no row written by any collector.
+    quiet = collect(amd.name, registry, lens_url, instance)
+    for asset_name, metadata in quiet.items():
+        assert tuple(metadata.get(k, 0) for k in WRITE_COUNTS) == (0, 0, 0), asset_name
+    assert quiet["gpu_pods"]["pod_snapshots_written"] == quiet["gpu_pods"]["pod_events_written"] == 0
+    assert (
+        quiet["gpu_workloads"]["pod_references_added"]
+        == quiet["gpu_workloads"]["workload_snapshots_written"]
+        == 0
+    )
+
+
+def test_a_run_lists_each_kind_once(fleet_and_registry, sqlite_url):
+    fleet, _server, registry, instance = fleet_and_registry
+    cluster = fleet.clusters[1]
+    cluster.request_log.reset()
+    collect(cluster.name, registry, sqlite_url, instance)
+    counts = cluster.request_log.as_json()["counts"]
+    config = ClusterRegistryResource(clusters_file=str(registry)).cluster(cluster.name)
+    with KubeReader(config, page_size=100_000) as counter:
+        for path, requests in counts.items():
+            method, url = path.split(" ", 1)
+            assert method == "GET"
+            if "/prometheus/" in url or "/secrets/" in url:
+                continue  # queries; one GET per storage backend's Secret
+            document = counter.get(url)
+            if document is not None and "items" in document:
+                objects = len(counter.list(url, lambda o: o))
+                assert requests == max(1, -(-objects // 7)), (url, requests, objects)  # pages, once
+            else:
+                assert requests == 1, (url, requests)  # discovery, once per group-version
