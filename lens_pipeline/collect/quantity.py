@@ -11,6 +11,8 @@ from lens_pipeline.collect.problems import MalformedObject
 
 def whole_units(value: object, what: str) -> int:
     """A quantity rounded down to whole units (CPUs, GPUs); a malformed one names `what`."""
+    if isinstance(value, str) and value.isdigit():  # "8", "192": nearly every GPU and CPU count
+        return int(value)
     if isinstance(value, bool):
         raise MalformedObject(f"{what} should be a quantity, got {value!r}")
     try:

@@ -9,9 +9,11 @@ Gone) restarts the whole list, so one LIST is always one consistent snapshot.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -137,6 +139,18 @@ class KubeReader:
         field_selector: str | None = None,
     ) -> list[T]:
         """Every item of the collection at `path`, each passed through `project`, in one snapshot."""
+        # Parsed JSON holds no reference cycles, but building millions of dicts makes the cyclic
+        # collector rescan the whole heap again and again: at 150k pods that was most of the time.
+        with paused_gc():
+            return self._list(path, project, label_selector, field_selector)
+
+    def _list(
+        self,
+        path: str,
+        project: Callable[[dict[str, Any]], T],
+        label_selector: str | None,
+        field_selector: str | None,
+    ) -> list[T]:
         for attempt in range(self.max_restarts + 1):
             items: list[T] = []
             token: str | None = None
@@ -214,6 +228,21 @@ class KubeReader:
             path,
             f"gave up after {self.max_retries + 1} attempts; last error: {last_error}",
         )
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection inside (nested uses keep it off until the outermost ends)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            # What was built inside is long-lived and acyclic: move it out of the collector's sight
+            # instead of letting the next collection scan it (refcounting still frees it).
+            gc.freeze()
+            gc.enable()
 
 
 def _parse(cluster: str, path: str, body: bytes) -> dict[str, Any]:

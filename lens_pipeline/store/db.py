@@ -12,10 +12,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 _ENGINES: dict[str, Engine] = {}
+# JSON columns (labels, snapshots) through orjson: several times faster both ways than `json`.
+JSON_CODEC = {"json_serializer": lambda value: orjson.dumps(value).decode(), "json_deserializer": orjson.loads}
 _LOCK = threading.Lock()
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 
@@ -44,7 +47,9 @@ def _create(url: str) -> Engine:
 
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(
-            url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False}
+            url,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+            **JSON_CODEC,
         )
         _make_sqlite_transactions_immediate(engine)
         return engine
@@ -52,8 +57,8 @@ def _create(url: str) -> Engine:
         # utf8mb4 so that any Kubernetes label survives; pre-ping because MySQL drops idle links.
         query = dict(parsed.query)
         query.setdefault("charset", "utf8mb4")
-        return create_engine(parsed.set(query=query), pool_pre_ping=True, pool_recycle=3600)
-    return create_engine(url, pool_pre_ping=True)
+        return create_engine(parsed.set(query=query), pool_pre_ping=True, pool_recycle=3600, **JSON_CODEC)
+    return create_engine(url, pool_pre_ping=True, **JSON_CODEC)
 
 
 def _make_sqlite_transactions_immediate(engine: Engine) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Table, and_, delete, select, tuple_, update
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
+from lens_pipeline.kube.reader import paused_gc
 from lens_pipeline.store.schema import logical_key
 
 BATCH_ROWS = 1000
@@ -117,6 +118,22 @@ def sync_snapshot(
       stored rows for which `vanish_filter` is false (e.g. already marked). `extra_columns` are read
       from the stored rows for `on_vanish` and `vanish_filter` without being compared.
     """
+    with paused_gc():
+        return _sync(conn, table, scope, rows, now, compare, on_vanish, protect, vanish_filter, extra_columns)
+
+
+def _sync(
+    conn: Connection,
+    table: Table,
+    scope: Mapping[str, Any],
+    rows: Sequence[Row],
+    now: datetime,
+    compare: Sequence[str] | None,
+    on_vanish: Vanish,
+    protect: Iterable[tuple],
+    vanish_filter: Callable[[Row], bool] | None,
+    extra_columns: Sequence[str],
+) -> SyncResult:
     key = logical_key(table)
     compare = list(compare) if compare is not None else [c for c in (rows[0] if rows else {}) if c not in key]
     has_created = "created_at" in table.c
@@ -138,7 +155,7 @@ def sync_snapshot(
         if previous is None:
             inserts.append(row)
             result.inserted.append(row_key)
-        elif any(_differs(previous.get(c), row.get(c)) for c in compare):
+        elif _row_differs(previous, row, compare):
             updates.append(row)
             result.updated.append(row_key)
         else:
@@ -187,6 +204,13 @@ def _apply_vanish(
     values = {**dict(on_vanish), **({"updated_at": now} if has_updated else {})}
     for start in range(0, len(vanished), BATCH_ROWS):
         conn.execute(update(table).where(key_expr.in_(vanished[start : start + BATCH_ROWS])).values(**values))
+
+
+def _row_differs(stored: Row, seen: Row, columns: Sequence[str]) -> bool:
+    # Exact equality is the common case and costs one C-level tuple comparison.
+    if tuple(stored.get(c) for c in columns) == tuple(seen.get(c) for c in columns):
+        return False
+    return any(_differs(stored.get(c), seen.get(c)) for c in columns)
 
 
 def _differs(stored: Any, seen: Any) -> bool:

@@ -237,7 +237,7 @@ def test_an_unreachable_cluster_fails_alone_with_a_clear_error(sim, instance, sq
     message = failure.event_specific_data.error.message + "".join(
         c.message for c in [failure.event_specific_data.error.cause] if c
     )
-    assert "unreachable" in message and "/api/v1/nodes" in message
+    assert "unreachable" in message and "GET /api/v1/" in message and "Connection refused" in message
     assert stored(sqlite_url, AMD) == before
     assert run(AMD, registry, sqlite_url, instance).success  # the others go on
 
