@@ -7,6 +7,7 @@ import gc
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from lens_pipeline.sim.fleet import SimFleet
@@ -28,6 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pods-per-node", type=float, default=2.0, help="workload pods per GPU node (default 2)"
     )
+    parser.add_argument(
+        "--pods",
+        type=int,
+        default=None,
+        metavar="N",
+        help="pods per cluster in all, DaemonSet pods included (overrides --pods-per-node)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
     parser.add_argument(
@@ -39,24 +47,49 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--registry-out", metavar="FILE", help="write the cluster registry (and kubeconfigs) here"
     )
+    parser.add_argument(
+        "--churn",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="step every cluster's churn (pods, workloads, nodes, GPUs, NICs change) every SECONDS",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve HTTPS from a fresh CA written into the kubeconfigs (kubectl sends tokens only over TLS)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    started = time.perf_counter()
     fleet = SimFleet.generate(
-        args.clusters, args.nodes, args.seed, args.vendor, args.pods_per_node, continue_ttl=args.continue_ttl
+        args.clusters,
+        args.nodes,
+        args.seed,
+        args.vendor,
+        args.pods_per_node,
+        pods=args.pods,
+        continue_ttl=args.continue_ttl,
     )
+    generated = time.perf_counter() - started
     # The fleet lives until exit; frozen, the cyclic GC stops rescanning its millions of objects on
     # every request, which otherwise costs more than answering (a 5,000-node query: 0.75 s -> 0.25 s).
     gc.freeze()
-    server = SimServer(fleet, host=args.host, port=args.port).start()
+    server = SimServer(fleet, host=args.host, port=args.port, tls=args.tls).start()
     stopped = threading.Event()
+    if args.churn > 0:
+        threading.Thread(
+            target=_churn_forever, args=(fleet, args.churn, stopped), name="lens-sim-churn", daemon=True
+        ).start()
     # SIGTERM (docker stop, kill) ends the process as cleanly as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     try:
         if args.registry_out:
             print(f"registry: {write_registry(args.registry_out, server)}")
+        print(f"generated in {generated:.1f} s")
         for cluster in fleet:
             print(
                 f"{cluster.name} ({cluster.vendor}, {len(cluster.node_names())} GPU nodes): "
@@ -70,6 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _churn_forever(fleet: SimFleet, seconds: float, stopped: threading.Event) -> None:
+    while not stopped.wait(seconds):
+        fleet.churn(1)
 
 
 if __name__ == "__main__":

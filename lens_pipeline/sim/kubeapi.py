@@ -1,5 +1,5 @@
-"""The Kubernetes REST API of one simulated cluster: discovery, GET and paged LIST of nodes and pods
-with label/field selectors and expiring continue tokens, answered the way kube-apiserver does."""
+"""The Kubernetes REST API of one simulated cluster: discovery, GET and paged LIST of every served
+kind with label/field selectors, expiring continue tokens and server-side tables, as kube-apiserver answers."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from lens_pipeline.sim.kinds import BY_PLURAL, GROUP_VERSIONS, ResourceKind, kinds_of
+from lens_pipeline.sim.objects import StoredObject
+from lens_pipeline.sim.tables import render_table
 from lens_pipeline.sim.wire import SimRequest, SimResponse
 
 if TYPE_CHECKING:
@@ -129,22 +132,6 @@ def parse_label_selector(text: str | None) -> list[Predicate]:
     return predicates
 
 
-# Field selectors each kind supports in kube-apiserver, with the value of an absent field.
-_FIELDS: dict[str, dict[str, str]] = {
-    "nodes": {"metadata.name": "", "spec.unschedulable": "false"},
-    "pods": {
-        "metadata.name": "",
-        "metadata.namespace": "",
-        "spec.nodeName": "",
-        "spec.restartPolicy": "",
-        "spec.schedulerName": "",
-        "spec.serviceAccountName": "",
-        "spec.hostNetwork": "false",
-        "status.phase": "",
-        "status.podIP": "",
-        "status.nominatedNodeName": "",
-    },
-}
 _FIELD_REQUIREMENT = re.compile(r"\s*([A-Za-z.]+)\s*(==|=|!=)\s*([^,]*?)\s*")
 
 
@@ -159,18 +146,19 @@ def _field_value(obj: dict[str, Any], path: str, absent: str) -> str:
     return str(value)
 
 
-def parse_field_selector(kind: str, text: str | None) -> list[Predicate]:
+def parse_field_selector(kind: ResourceKind, text: str | None) -> list[Predicate]:
     if not text:
         return []
+    fields = kind.field_defaults()
     predicates: list[Predicate] = []
     for part in text.split(","):
         m = _FIELD_REQUIREMENT.fullmatch(part)
         if m is None:
             raise SelectorError(f"invalid selector: {text!r}; can't understand {part.strip()!r}")
         path, op, value = m.groups()
-        if path not in _FIELDS[kind]:
+        if path not in fields:
             raise SelectorError(f"field label not supported: {path}")
-        absent = _FIELDS[kind][path]
+        absent = fields[path]
         if op == "!=":
             predicates.append(lambda o, p=path, a=absent, v=value: _field_value(o, p, a) != v)
         else:
@@ -234,38 +222,88 @@ def _discovery(cluster: SimCluster, path: str) -> dict[str, Any] | None:
             "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}],
         }
     if path == "/apis":
-        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
-    if path == "/api/v1":
-        verbs = ["get", "list"]
         return {
-            "kind": "APIResourceList",
-            "groupVersion": "v1",
-            "resources": [
-                {
-                    "name": "nodes",
-                    "singularName": "node",
-                    "namespaced": False,
-                    "kind": "Node",
-                    "verbs": verbs,
-                    "shortNames": ["no"],
-                },
-                {
-                    "name": "pods",
-                    "singularName": "pod",
-                    "namespaced": True,
-                    "kind": "Pod",
-                    "verbs": verbs,
-                    "shortNames": ["po"],
-                    "categories": ["all"],
-                },
-            ],
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [_group(g, v) for g, v in GROUP_VERSIONS.items()],
         }
+    if path == "/api/v1":
+        return _resource_list("", "v1")
+    parts = path.split("/")
+    if len(parts) == 3 and parts[1] == "apis" and parts[2] in GROUP_VERSIONS:
+        return {"kind": "APIGroup", "apiVersion": "v1", **_group(parts[2], GROUP_VERSIONS[parts[2]])}
+    if len(parts) == 4 and parts[1] == "apis" and GROUP_VERSIONS.get(parts[2]) == parts[3]:
+        return _resource_list(parts[2], parts[3])
     return None
 
 
-_NODE = re.compile(r"/api/v1/nodes/([^/]+)")
-_NAMESPACED_PODS = re.compile(r"/api/v1/namespaces/([^/]+)/pods")
-_POD = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)")
+def _group(group: str, version: str) -> dict[str, Any]:
+    group_version = {"groupVersion": f"{group}/{version}", "version": version}
+    return {"name": group, "versions": [group_version], "preferredVersion": group_version}
+
+
+def _resource_list(group: str, version: str) -> dict[str, Any]:
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/{version}" if group else version,
+        "resources": [kind.discovery() for kind in sorted(kinds_of(group, version), key=lambda k: k.plural)],
+    }
+
+
+@dataclass(frozen=True)
+class Route:
+    """A resource path: `/api/v1[/namespaces/{ns}]/{plural}[/{name}]` or the same under `/apis/{group}/{version}`."""
+
+    kind: ResourceKind
+    namespace: str | None
+    name: str | None
+
+
+def parse_route(path: str) -> Route | None:
+    parts = path.strip("/").split("/")
+    if parts[:2] == ["api", "v1"]:
+        group, version, rest = "", "v1", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    namespace = None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not 1 <= len(rest) <= 2:
+        return None  # subresources (status, log, scale) are not served
+    kind = BY_PLURAL.get(rest[0])
+    if kind is None or (kind.group, kind.version) != (group, version):
+        return None
+    if namespace is not None and not kind.namespaced:
+        return None
+    name = rest[1] if len(rest) == 2 else None
+    if name is not None and namespace is None and kind.namespaced:
+        return None
+    return Route(kind, namespace, name)
+
+
+def _wants_table(req: SimRequest) -> bool:
+    # kubectl asks for server-side printing: "application/json;as=Table;v=v1;g=meta.k8s.io,...".
+    return "as=Table" in req.headers.get("accept", "")
+
+
+def _forbidden(req: SimRequest, route: Route | None) -> SimResponse:
+    user = "system:serviceaccount:lens:lens-collector"
+    if route is None:
+        return status_response(403, f'forbidden: User "{user}" cannot get path "{req.path}"')
+    verb = "get" if route.name else "list"
+    kind = route.kind
+    scope = f'in the namespace "{route.namespace}"' if route.namespace else "at the cluster scope"
+    details: dict[str, Any] = {"kind": kind.plural}
+    if kind.group:
+        details["group"] = kind.group
+    if route.name:
+        details["name"] = route.name
+    subject = f'{kind.qualified_name} "{route.name}"' if route.name else kind.qualified_name
+    message = f'{subject} is forbidden: User "{user}" cannot {verb} resource "{kind.plural}" in API group "{kind.group}" {scope}'
+    return status_response(403, message, details=details)
 
 
 def handle_kube(cluster: SimCluster, req: SimRequest) -> SimResponse:
@@ -279,32 +317,32 @@ def handle_kube(cluster: SimCluster, req: SimRequest) -> SimResponse:
 
     path = req.path.rstrip("/") or "/"
     discovery = _discovery(cluster, path)
-    known = (
-        discovery is not None
-        or path in ("/api/v1/nodes", "/api/v1/pods")
-        or any(pattern.fullmatch(path) for pattern in (_NODE, _NAMESPACED_PODS, _POD))
-    )
-    if known and req.method != "GET":
+    route = parse_route(path) if discovery is None else None
+    if cluster.forbidden(path):
+        return _forbidden(req, route)
+    if (discovery is not None or route is not None) and req.method != "GET":
         return status_response(405, f"the simulator serves only GET on {path}")
     if discovery is not None:
         return SimResponse(200, orjson.dumps(discovery))
-    if path == "/api/v1/nodes":
-        return list_objects(cluster, req, "nodes", "NodeList", namespace=None)
-    if path == "/api/v1/pods":
-        return list_objects(cluster, req, "pods", "PodList", namespace=None)
-    if m := _NAMESPACED_PODS.fullmatch(path):
-        return list_objects(cluster, req, "pods", "PodList", namespace=m.group(1))
-    if m := _NODE.fullmatch(path):
-        return _get_object(cluster, "nodes", m.group(1), m.group(1))
-    if m := _POD.fullmatch(path):
-        return _get_object(cluster, "pods", f"{m.group(1)}/{m.group(2)}", m.group(2))
-    return status_response(404, "the server could not find the requested resource")
+    if route is None:
+        return status_response(404, "the server could not find the requested resource")
+    if route.name is not None:
+        return _get_object(cluster, req, route)
+    return list_objects(cluster, req, route.kind, route.namespace)
 
 
-def _get_object(cluster: SimCluster, kind: str, key: str, name: str) -> SimResponse:
-    entry = cluster.get_object(kind, key)
+def _get_object(cluster: SimCluster, req: SimRequest, route: Route) -> SimResponse:
+    kind, name = route.kind, route.name or ""
+    entry = cluster.get_object(kind.plural, kind.key(route.namespace, name))
     if entry is None:
-        return status_response(404, f'{kind} "{name}" not found', details={"name": name, "kind": kind})
+        details: dict[str, Any] = {"name": name}
+        if kind.group:
+            details["group"] = kind.group
+        details["kind"] = kind.plural
+        return status_response(404, f'{kind.qualified_name} "{name}" not found', details=details)
+    if _wants_table(req):
+        metadata = {"resourceVersion": str(cluster.resource_version)}
+        return SimResponse(200, render_table(kind, [entry], metadata, cluster.now()))
     return SimResponse(200, entry.raw)
 
 
@@ -320,7 +358,7 @@ def _parse_limit(text: str | None) -> int | None:
 
 
 def list_objects(
-    cluster: SimCluster, req: SimRequest, kind: str, list_kind: str, namespace: str | None
+    cluster: SimCluster, req: SimRequest, kind: ResourceKind, namespace: str | None
 ) -> SimResponse:
     """One page of a LIST, served from an immutable snapshot so continued pages stay consistent."""
     try:
@@ -337,28 +375,36 @@ def list_objects(
 
     now = cluster.now()
     if token is None:
-        snapshot = cluster.list_snapshot(kind)
+        snapshot = cluster.list_snapshot(kind.plural)
         start_key = ""
     else:
-        snapshot = cluster.find_snapshot(kind, token.snapshot_id)
-        if snapshot is None or now - token.issued > cluster.continue_ttl:
+        snapshot = cluster.find_snapshot(kind.plural, token.snapshot_id)
+        expired = snapshot is None or now - token.issued > cluster.continue_ttl
+        if cluster.take_continue_fault() or expired:
             return status_response(410, EXPIRED_MESSAGE, reason="Expired")
         start_key = token.start
+    assert snapshot is not None
 
     keys = snapshot.keys
     lo, hi = 0, len(keys)
     if namespace is not None:
-        # Pod keys are "namespace/name"; "0" sorts right after "/", closing the namespace's range.
+        # Keys are "namespace/name"; "0" sorts right after "/", closing the namespace's range.
         lo, hi = bisect_left(keys, f"{namespace}/"), bisect_left(keys, f"{namespace}0")
     position = max(lo, bisect_left(keys, start_key))
 
-    items: list[bytes] = []
+    items: list[StoredObject] = []
     entries = snapshot.entries
-    while position < hi and (limit is None or len(items) < limit):
-        entry = entries[position]
-        position += 1
-        if all(predicate(entry.obj) for predicate in predicates):
-            items.append(entry.raw)
+    if predicates:
+        while position < hi and (limit is None or len(items) < limit):
+            entry = entries[position]
+            position += 1
+            obj = entry.obj
+            if all(predicate(obj) for predicate in predicates):
+                items.append(entry)
+    else:
+        end = hi if limit is None else min(hi, position + limit)
+        items = entries[position:end]
+        position = end
 
     metadata: dict[str, Any] = {"resourceVersion": str(snapshot.resource_version)}
     if limit is not None and position < hi:
@@ -367,14 +413,18 @@ def list_objects(
         metadata["continue"] = next_token.encode()
         if not predicates:
             metadata["remainingItemCount"] = hi - position
+    if _wants_table(req):
+        return SimResponse(200, render_table(kind, items, metadata, now))
     body = b"".join(
         (
             b'{"kind":"',
-            list_kind.encode(),
-            b'","apiVersion":"v1","metadata":',
+            kind.list_kind.encode(),
+            b'","apiVersion":"',
+            kind.api_version.encode(),
+            b'","metadata":',
             orjson.dumps(metadata),
             b',"items":[',
-            b",".join(items),
+            b",".join([entry.raw for entry in items]),
             b"]}",
         )
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,11 +22,15 @@ class _IndentedDumper(yaml.SafeDumper):
         return super().increase_indent(flow, False)
 
 
-def kubeconfig(cluster: SimCluster, server_url: str) -> dict[str, Any]:
+def kubeconfig(cluster: SimCluster, server_url: str, ca_pem: bytes | None = None) -> dict[str, Any]:
+    """A kubeconfig for one cluster; with `ca_pem` (the simulator serves HTTPS) it trusts that CA."""
+    server: dict[str, Any] = {"server": server_url}
+    if ca_pem is not None:
+        server["certificate-authority-data"] = base64.b64encode(ca_pem).decode("ascii")
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": cluster.name, "cluster": {"server": server_url}}],
+        "clusters": [{"name": cluster.name, "cluster": server}],
         "users": [{"name": cluster.name, "user": {"token": cluster.token}}],
         "contexts": [{"name": cluster.name, "context": {"cluster": cluster.name, "user": cluster.name}}],
         "current-context": cluster.name,
@@ -41,7 +46,8 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def write_registry(path: str | os.PathLike[str], server: SimServer) -> Path:
-    """Write the registry at `path` and `<dir of path>/kubeconfigs/<name>.yaml`; returns the registry path."""
+    """Write the registry at `path` and `<dir of path>/kubeconfigs/<name>.yaml` (and, over TLS, the CA
+    as `<dir of path>/sim-ca.crt`); returns the registry path."""
     registry_path = Path(path)
     kubeconfig_dir = registry_path.parent / "kubeconfigs"
     kubeconfig_dir.mkdir(parents=True, exist_ok=True)
@@ -51,7 +57,13 @@ def write_registry(path: str | os.PathLike[str], server: SimServer) -> Path:
         _write_private(
             kubeconfig_path,
             yaml.dump(
-                kubeconfig(cluster, server.base_url(cluster.name)), Dumper=_IndentedDumper, sort_keys=False
+                kubeconfig(
+                    cluster,
+                    server.base_url(cluster.name),
+                    server.certificate.ca_pem if server.certificate is not None else None,
+                ),
+                Dumper=_IndentedDumper,
+                sort_keys=False,
             ),
         )
         entries.append(
@@ -63,6 +75,9 @@ def write_registry(path: str | os.PathLike[str], server: SimServer) -> Path:
                 "vendor": cluster.vendor,
             }
         )
+    if server.certificate is not None:
+        # For clients that take a CA file rather than a kubeconfig (Prometheus over HTTPS, curl).
+        (registry_path.parent / "sim-ca.crt").write_bytes(server.certificate.ca_pem)
     registry_path.write_text(
         "# Written by `lens sim`; kubeconfig paths are relative to this file.\n"
         + yaml.dump({"clusters": entries}, Dumper=_IndentedDumper, sort_keys=False),

@@ -6,17 +6,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
+import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
+from lens_pipeline.sim.faults import ConnectionDropped
 from lens_pipeline.sim.fleet import CONTROL_ACTIONS, SimCluster, SimFleet
 from lens_pipeline.sim.kubeapi import handle_kube, status_response
 from lens_pipeline.sim.promapi import exposition, handle_prometheus
 from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.tls import ServerCertificate, make_certificate
 from lens_pipeline.sim.truth import cluster_truth
 from lens_pipeline.sim.wire import SimRequest, SimResponse, json_response
 
@@ -89,6 +94,16 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.server.track(self.connection, open_=True)
 
+    def handle(self) -> None:
+        if isinstance(self.connection, ssl.SSLSocket):
+            # The handshake runs here, in this connection's thread, not in the accepting one.
+            try:
+                self.connection.do_handshake()
+            except (ssl.SSLError, OSError):
+                self.close_connection = True
+                return
+        super().handle()
+
     def finish(self) -> None:
         try:
             super().finish()
@@ -101,6 +116,9 @@ class _Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         try:
             response = self._route(split.path, split.query, body)
+        except ConnectionDropped as dropped:
+            self._drop(dropped.mode)
+            return
         except Exception as exc:  # a bug in the simulator must answer 500, not kill the connection
             log.exception("simulator failed on %s %s", self.command, self.path)
             response = json_response(500, {"error": f"simulator error: {type(exc).__name__}: {exc}"})
@@ -135,11 +153,32 @@ class _Handler(BaseHTTPRequestHandler):
         if rest == "/metrics":
             response = exposition(cluster)
         elif rest == "/prometheus" or rest.startswith("/prometheus/"):
+            self._apply_faults(cluster, "prometheus", req, query)
             response = handle_prometheus(cluster, req, req.path.removeprefix("/prometheus"))
         else:
+            self._apply_faults(cluster, "kube", req, query)
             response = handle_kube(cluster, req)
         cluster.request_log.record(self.command, req.path, query, response.status)
         return response
+
+    def _apply_faults(self, cluster: SimCluster, target: str, req: SimRequest, query: str) -> None:
+        """Apply the target's connection and delay faults (its status fault is the handler's)."""
+        faults = cluster.faults(target)
+        if faults.connection is not None:
+            cluster.request_log.record(self.command, req.path, query, 0)
+            raise ConnectionDropped(faults.connection)
+        if faults.delay:
+            time.sleep(faults.delay)
+
+    def _drop(self, mode: str) -> None:
+        """Close the connection without answering; "reset" aborts it (RST) instead of closing (FIN)."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            if mode == "reset":
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            # The socket closes for real only once the request's read buffer lets go of it.
+            self.rfile.close()
+            self.connection.close()
 
     def _send(self, response: SimResponse) -> None:
         try:
@@ -159,11 +198,18 @@ class _FleetHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256
 
-    def __init__(self, address: tuple[str, int], fleet: SimFleet) -> None:
+    def __init__(self, address: tuple[str, int], fleet: SimFleet, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(address, _Handler)
         self.fleet = fleet
+        self.tls = tls
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        connection, address = super().get_request()
+        if self.tls is not None:
+            connection = self.tls.wrap_socket(connection, server_side=True, do_handshake_on_connect=False)
+        return connection, address
 
     @property
     def url(self) -> str:
@@ -171,7 +217,7 @@ class _FleetHTTPServer(ThreadingHTTPServer):
         # Bound to every interface, the server is still reached locally through the loopback address.
         if host in ("0.0.0.0", "::", ""):
             host = "127.0.0.1"
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls is not None else 'http'}://{host}:{port}"
 
     def base_url(self, name: str) -> str:
         return f"{self.url}/clusters/{name}"
@@ -193,19 +239,25 @@ class _FleetHTTPServer(ThreadingHTTPServer):
 
 
 class SimServer:
-    """Serves a SimFleet over HTTP from a background thread."""
+    """Serves a SimFleet over HTTP (or HTTPS with `tls=True`, from a fresh CA) from a background thread."""
 
-    def __init__(self, fleet: SimFleet, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, fleet: SimFleet, host: str = "127.0.0.1", port: int = 0, tls: bool = False) -> None:
         self.fleet = fleet
         self.host = host
         self.port = port
+        # The CA clients must trust (kubeconfigs carry it); None when serving plain HTTP.
+        self.certificate: ServerCertificate | None = None
+        if tls:
+            hosts = tuple(dict.fromkeys(("127.0.0.1", "localhost", host)))
+            self.certificate = make_certificate(tuple(h for h in hosts if h not in ("0.0.0.0", "::", "")))
         self._httpd: _FleetHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> SimServer:
         if self._httpd is not None:
             return self
-        self._httpd = _FleetHTTPServer((self.host, self.port), self.fleet)
+        context = self.certificate.server_context() if self.certificate is not None else None
+        self._httpd = _FleetHTTPServer((self.host, self.port), self.fleet, context)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(
             # A short poll interval keeps stop() fast; an idle poll costs next to nothing.

@@ -1,18 +1,26 @@
-"""Ground truth of a simulated cluster: the `node` rows the pipeline must store, computed here from
-the simulator's own objects and samples (never from lens_pipeline.collect, or it would share its bugs)."""
+"""Ground truth of a simulated cluster: the node, GPU pod, workload and storage rows a correct
+pipeline stores, computed from the simulator's own objects (never lens_pipeline.collect's code)."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import gc
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lens_pipeline.sim.kinds import BY_TYPE
+from lens_pipeline.sim.objects import StoredObject
 from lens_pipeline.sim.vendors import VENDORS, SimVendor
 
 if TYPE_CHECKING:
     from lens_pipeline.sim.fleet import SimCluster
 
 ACTIVE_PHASES = frozenset({"Pending", "Running"})
+JUICEFS_PROVISIONER = "csi.juicefs.com"
+SAFE_STATUS = {"Pending": "Pending", "Running": "Running", "Succeeded": "Done", "Failed": "Failed"}
 
 
 def _int_quantity(value: Any) -> int:
@@ -39,6 +47,28 @@ def pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
     app = sum(container_gpu_request(c, resource) for c in spec.get("containers") or [])
     init = max((container_gpu_request(c, resource) for c in spec.get("initContainers") or []), default=0)
     return max(app, init)
+
+
+def pod_uses_gpu(pod: Mapping[str, Any], resource: str) -> bool:
+    """Any container or init container requests or limits the resource (a non-zero quantity)."""
+    spec = pod.get("spec") or {}
+    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        resources = container.get("resources") or {}
+        for section in ("requests", "limits"):
+            if _int_quantity((resources.get(section) or {}).get(resource, 0)):
+                return True
+    return False
+
+
+def controller_reference(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ownerReference with controller: true, else the first one, else None."""
+    references = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r for r in references if r.get("controller")), references[0] if references else None)
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str:
+    reference = controller_reference(obj)
+    return str(reference.get("uid", "")) if reference else ""
 
 
 def is_gpu_node(node: Mapping[str, Any], vendor: SimVendor) -> bool:
@@ -98,17 +128,18 @@ def node_row(
     }
 
 
+def _count_allocation(pod: Mapping[str, Any], resource: str, allocated: dict[str, int]) -> None:
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    if node_name and (pod.get("status") or {}).get("phase") in ACTIVE_PHASES:
+        allocated[node_name] = allocated.get(node_name, 0) + pod_gpu_request(pod, resource)
+
+
 def node_rows(
     nodes: Iterable[Mapping[str, Any]],
-    pods: Iterable[Mapping[str, Any]],
+    allocated: Mapping[str, int],
     utilization: Mapping[str, list[float]],
     vendor: SimVendor,
 ) -> list[dict[str, Any]]:
-    allocated: dict[str, int] = {}
-    for pod in pods:
-        node_name = (pod.get("spec") or {}).get("nodeName")
-        if node_name and (pod.get("status") or {}).get("phase") in ACTIVE_PHASES:
-            allocated[node_name] = allocated.get(node_name, 0) + pod_gpu_request(pod, vendor.resource)
     rows = [
         node_row(
             node,
@@ -122,12 +153,253 @@ def node_rows(
     return sorted(rows, key=lambda row: row["name"])
 
 
-def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
-    """`{"cluster", "vendor", "nodes": [node row, ...]}` for the cluster's current state."""
-    vendor = VENDORS[cluster.vendor]
-    nodes, pods, utilization = cluster.truth_inputs()
+# -- GPU pods ----------------------------------------------------------------------------------
+
+
+def pod_row(pod: Mapping[str, Any], resource: str) -> dict[str, Any]:
+    metadata = pod["metadata"]
+    status = pod.get("status") or {}
+    deleted = "deletionTimestamp" in metadata
+    phase = status.get("phase", "")
     return {
-        "cluster": cluster.name,
-        "vendor": cluster.vendor,
-        "nodes": node_rows(nodes, pods, utilization, vendor),
+        "namespace": metadata["namespace"],
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+        "node_name": (pod.get("spec") or {}).get("nodeName") or "",
+        "gpu_allocated": pod_gpu_request(pod, resource),
+        "phase": phase,
+        "deleted": deleted,
+        "running": not deleted and phase == "Running",
+        "ip": status.get("podIP") or "",
+        "owner_uid": controller_uid(pod),
     }
+
+
+# -- workloads ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Link:
+    """What the owner walk needs of one object: found by how an ownerReference names it."""
+
+    uid: str
+    namespace: str
+    reference: tuple[str, str, str, str] | None  # the controller ownerReference: apiVersion, kind, name, uid
+    safe_label: str  # primus-safe.workload.id
+    entry: StoredObject
+
+
+def _link(obj: Mapping[str, Any], entry: StoredObject) -> _Link:
+    metadata = obj["metadata"]
+    reference = controller_reference(obj)
+    return _Link(
+        metadata["uid"],
+        metadata.get("namespace", ""),
+        (
+            reference.get("apiVersion", ""),
+            reference.get("kind", ""),
+            reference.get("name", ""),
+            reference.get("uid", ""),
+        )
+        if reference
+        else None,
+        (metadata.get("labels") or {}).get("primus-safe.workload.id", ""),
+        entry,
+    )
+
+
+def _reports_failure(obj: Mapping[str, Any]) -> bool:
+    status = obj.get("status") or {}
+    if obj.get("kind") == "RayJob":
+        # KubeRay reports an outcome in jobDeploymentStatus/jobStatus, not in conditions.
+        return status.get("jobDeploymentStatus") == "Failed" or status.get("jobStatus") == "FAILED"
+    return any(
+        c.get("type") == "Failed" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+
+
+def _safe_gpu_request(workload: Mapping[str, Any]) -> int:
+    resource = (workload.get("spec") or {}).get("resource") or {}
+    return _int_quantity(resource.get("gpu", 0)) * _int_quantity(resource.get("replica", 0))
+
+
+def workload_rows(
+    objects: Mapping[str, list[StoredObject]], gpu_pods: list[dict[str, Any]], pod_links: Mapping[str, _Link]
+) -> list[dict[str, Any]]:
+    """Every object above a GPU pod (owner chains walked to the top), and SaFE Workloads above those
+    tops through their `primus-safe.workload.id` label."""
+    by_reference: dict[tuple[str, str, str, str], _Link] = {}
+    safe_by_name: dict[str, _Link] = {}
+    for resource, entries in objects.items():
+        if resource == "pods":
+            continue
+        for entry in entries:
+            obj = entry.obj
+            link = _link(obj, entry)
+            by_reference[(obj["apiVersion"], obj["kind"], link.namespace, obj["metadata"]["name"])] = link
+            if resource == "workloads":
+                safe_by_name[obj["metadata"]["name"]] = link
+
+    def resolve(child: _Link) -> _Link | None:
+        if child.reference is None:
+            return None
+        api_version, kind_name, name, uid = child.reference
+        kind = BY_TYPE.get((api_version, kind_name))
+        if kind is None:
+            return None
+        parent = by_reference.get(
+            (kind.api_version, kind.kind, child.namespace if kind.namespaced else "", name)
+        )
+        return parent if parent is not None and parent.uid == uid else None
+
+    pod_uids: dict[str, set[str]] = {}
+    parent_uids: dict[str, str] = {}
+    links: dict[str, _Link] = {}
+    for row in gpu_pods:
+        current = pod_links[row["uid"]]
+        seen = {row["uid"]}
+        while True:
+            parent = resolve(current)
+            if parent is None:
+                # SaFE links the top of a chain to its Workload by label, not by ownerReference.
+                if current.uid not in links or current.safe_label not in safe_by_name:
+                    break
+                parent = safe_by_name[current.safe_label]
+                if parent.uid == current.uid:
+                    break
+                parent_uids[current.uid] = parent.uid
+            if parent.uid in seen:
+                break
+            seen.add(parent.uid)
+            if parent.uid not in links:
+                links[parent.uid] = parent
+                parent_uids.setdefault(parent.uid, parent.reference[3] if parent.reference else "")
+                pod_uids[parent.uid] = set()
+            pod_uids[parent.uid].add(row["uid"])
+            current = parent
+
+    pods_by_uid = {pod["uid"]: pod for pod in gpu_pods}
+    rows = []
+    for uid in sorted(links):
+        obj = links[uid].entry.obj
+        metadata = obj["metadata"]
+        pods = [pods_by_uid[p] for p in pod_uids[uid]]
+        if obj["kind"] == "Workload" and obj["apiVersion"] == "amd.com/v1":
+            namespace = (obj.get("spec") or {}).get("workspace", "")
+            gpu_request = _safe_gpu_request(obj)
+            status = SAFE_STATUS.get((obj.get("status") or {}).get("phase", ""), "Running")
+        else:
+            namespace = metadata.get("namespace", "")
+            gpu_request = sum(p["gpu_allocated"] for p in pods if p["running"])
+            if any(p["running"] for p in pods):
+                status = "Running"
+            elif any(p["phase"] == "Pending" and not p["deleted"] for p in pods):
+                status = "Pending"
+            elif _reports_failure(obj):
+                status = "Failed"
+            else:
+                status = "Done"
+        rows.append(
+            {
+                "uid": uid,
+                "group_version": obj["apiVersion"],
+                "kind": obj["kind"],
+                "namespace": namespace,
+                "name": metadata["name"],
+                "parent_uid": parent_uids[uid],
+                "labels": dict(metadata.get("labels") or {}),
+                "annotations": dict(metadata.get("annotations") or {}),
+                "gpu_request": gpu_request,
+                "status": status,
+                "pod_uids": sorted(pod_uids[uid]),
+            }
+        )
+    return rows
+
+
+# -- storage -----------------------------------------------------------------------------------
+
+
+def storage_rows(
+    storage_classes: Iterable[Mapping[str, Any]], secrets: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    by_key = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in secrets}
+    rows = []
+    for storage_class in storage_classes:
+        if storage_class.get("provisioner") != JUICEFS_PROVISIONER:
+            continue
+        parameters = storage_class.get("parameters") or {}
+        namespace = parameters.get("csi.storage.k8s.io/provisioner-secret-namespace", "")
+        name = parameters.get("csi.storage.k8s.io/provisioner-secret-name", "")
+        secret = by_key.get((namespace, name))
+        if secret is None or "name" not in (secret.get("data") or {}):
+            continue
+        rows.append(
+            {
+                "kind": "juicefs",
+                "name": base64.b64decode(secret["data"]["name"]).decode("utf-8"),
+                "storage_class": storage_class["metadata"]["name"],
+                "secret_namespace": namespace,
+                "secret_name": name,
+            }
+        )
+    return sorted(rows, key=lambda row: row["storage_class"])
+
+
+# -- the whole truth ---------------------------------------------------------------------------
+
+
+@dataclass
+class TruthInputs:
+    """Everything the truth is computed from, taken under the cluster's lock in one go."""
+
+    objects: dict[str, list[StoredObject]]  # simulated (never injected) objects by resource, in key order
+    utilization: dict[str, list[float]]
+    removed_pods: list[str]
+    removed_workloads: list[str]
+
+
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    # Parsing 150,000 pods makes millions of acyclic dicts; the collector would rescan them over and
+    # over (30 s instead of 5 s).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
+    """The rows a correct pipeline has stored for the cluster's current state (schema in docs/SIMULATOR.md)."""
+    vendor = VENDORS[cluster.vendor]
+    resource = vendor.resource
+    inputs = cluster.truth_snapshot()
+    objects = inputs.objects
+    with _without_cyclic_gc():
+        allocated: dict[str, int] = {}
+        gpu_pods: list[dict[str, Any]] = []
+        pod_links: dict[str, _Link] = {}
+        # One pod parsed at a time: the truth of 150,000 pods must not hold them all as dicts.
+        for entry in objects["pods"]:
+            pod = entry.obj
+            _count_allocation(pod, resource, allocated)
+            if pod_uses_gpu(pod, resource):
+                row = pod_row(pod, resource)
+                gpu_pods.append(row)
+                pod_links[row["uid"]] = _link(pod, entry)
+        gpu_pods.sort(key=lambda row: (row["namespace"], row["name"]))
+        return {
+            "cluster": cluster.name,
+            "vendor": cluster.vendor,
+            "nodes": node_rows([e.obj for e in objects["nodes"]], allocated, inputs.utilization, vendor),
+            "pods": gpu_pods,
+            "removed_pods": sorted(inputs.removed_pods),
+            "workloads": workload_rows(objects, gpu_pods, pod_links),
+            "removed_workloads": sorted(inputs.removed_workloads),
+            "storage": storage_rows(
+                [e.obj for e in objects["storageclasses"]], [e.obj for e in objects["secrets"]]
+            ),
+        }

@@ -133,7 +133,11 @@ def test_typed_models_of_the_official_client_accept_the_objects(served) -> None:
     assert {n.status.capacity["nvidia.com/gpu"] for n in gpu_nodes} == {"8"}
     assert all(n.metadata.labels["nvidia.com/gpu.product"].startswith("NVIDIA-") for n in gpu_nodes)
     pods = core.list_pod_for_all_namespaces(limit=500)
-    assert pods.items and all(p.metadata.owner_references for p in pods.items)
+    assert pods.items and any(p.metadata.owner_references for p in pods.items)
+    # Only the `kubectl run`-style debug pods belong to nobody.
+    assert all(
+        p.metadata.name.startswith("gpu-debug-") for p in pods.items if not p.metadata.owner_references
+    )
     assert client.VersionApi(core.api_client).get_code().git_version.startswith("v1.")
 
 
@@ -234,8 +238,16 @@ def test_errors_are_kubernetes_status_objects(served) -> None:
         "BadRequest",
         "field label not supported: spec.bogus",
     )
-    code, body = _http(f"{server.base_url('sim-amd-0')}/apis/apps/v1/deployments", token)
+    code, body = _http(f"{server.base_url('sim-amd-0')}/apis/apps/v1/controllerrevisions", token)
     assert (code, body["reason"]) == (404, "NotFound")
+    code, body = _http(
+        f"{server.base_url('sim-amd-0')}/apis/kubeflow.org/v1/namespaces/x/pytorchjobs/nope", token
+    )
+    assert (code, body["message"], body["details"]) == (
+        404,
+        'pytorchjobs.kubeflow.org "nope" not found',
+        {"name": "nope", "group": "kubeflow.org", "kind": "pytorchjobs"},
+    )
 
 
 # -- Prometheus and the exporters --------------------------------------------------------------
