@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from lens_pipeline.sim.fleet import SimFleet
-from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.registry import write_prometheus_configs, write_registry
 from lens_pipeline.sim.server import SimServer
 
 
@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--registry-out", metavar="FILE", help="write the cluster registry (and kubeconfigs) here"
+    )
+    parser.add_argument(
+        "--prometheus-config",
+        metavar="DIR",
+        help="write prometheus-<cluster>.yml for a real Prometheus per cluster to scrape the exporters",
     )
     parser.add_argument(
         "--churn",
@@ -89,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.registry_out:
             print(f"registry: {write_registry(args.registry_out, server)}")
+        if args.prometheus_config:
+            for path in write_prometheus_configs(args.prometheus_config, server):
+                print(f"prometheus config: {path}")
         print(f"generated in {generated:.1f} s")
         for cluster in fleet:
             print(

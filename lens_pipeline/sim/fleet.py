@@ -23,7 +23,7 @@ from lens_pipeline.sim.nics import SimNic
 from lens_pipeline.sim.objects import ListSnapshot, StoredObject
 from lens_pipeline.sim.state import ClusterState
 from lens_pipeline.sim.truth import ACTIVE_PHASES, TruthInputs, cluster_truth, node_ready_status
-from lens_pipeline.sim.vendors import VENDORS
+from lens_pipeline.sim.vendors import VENDORS, GpuProduct
 from lens_pipeline.sim.wire import RequestLog
 from lens_pipeline.sim.workloads import PHASES, Controllers
 
@@ -210,6 +210,11 @@ class SimCluster:
                 for name, gpus in state.gpus.items()
                 if state.exporter_up(name)
             }
+
+    def gpu_product(self, node: str) -> GpuProduct:
+        """The GPU model of a simulated GPU node."""
+        with self._lock:
+            return self._state.gpus[node].product
 
     def nics(self) -> dict[str, list[SimNic]]:
         """RDMA/InfiniBand NICs present on each simulated GPU node (vanished ones left out), whether

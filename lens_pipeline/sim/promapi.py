@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from lens_pipeline.sim import promql
+from lens_pipeline.sim import exporters, promql
 from lens_pipeline.sim.wire import SimRequest, SimResponse, json_response
 
 if TYPE_CHECKING:
@@ -23,22 +23,20 @@ def _error(status: int, message: str) -> SimResponse:
 
 
 def query_series(cluster: SimCluster) -> list[promql.Series]:
-    """Exporter samples as stored in Prometheus: `__name__` plus the `job` and `instance` a scrape adds."""
+    """Every scraped series as Prometheus stores it: `__name__`, the target's `job` and `instance`,
+    and `node` for per-node targets (the label `write_prometheus_config` gives them)."""
     return cluster.memo("prometheus_series", lambda: _scraped_series(cluster))
 
 
 def _scraped_series(cluster: SimCluster) -> list[promql.Series]:
-    profile = cluster.profile
-    nodes: dict[str, str] = {}
     series: list[promql.Series] = []
-    for metric, labels, value in cluster.exporter_samples():
-        node = labels.get(profile.node_label, "")
-        instance = nodes.get(node)
-        if instance is None:
-            instance = nodes[node] = f"{cluster.node_address(node)}:{profile.exporter_port}"
-        series.append(
-            ({"__name__": metric, **labels, "job": profile.exporter_job, "instance": instance}, value)
-        )
+    for target, samples in exporters.scrape(cluster).items():
+        extra = {
+            "job": target.job,
+            "instance": target.instance,
+            **({"node": target.node} if target.node else {}),
+        }
+        series += [({"__name__": metric, **labels, **extra}, value) for metric, labels, value in samples]
     return series
 
 
@@ -70,9 +68,11 @@ def handle_prometheus(cluster: SimCluster, req: SimRequest, path: str) -> SimRes
         )
     if path == "/api/v1/label/__name__/values":
         names = sorted(
-            {metric for metric, _, _ in cluster.exporter_samples()} | {cluster.profile.util_metric}
+            {labels["__name__"] for labels, _ in query_series(cluster)} | {cluster.profile.util_metric}
         )
         return json_response(200, {"status": "success", "data": names})
+    if path == "/api/v1/query_range":
+        return _range_query(cluster, req)
     if path == "/api/v1/query":
         if req.method not in ("GET", "POST"):
             return _error(405, f"method {req.method} not allowed")
@@ -108,19 +108,61 @@ def _instant_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
     )
 
 
+def _range_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
+    """The simulator keeps no history: every step of the range sees the current samples."""
+    form = req.form()
+    query = (form.get("query") or [""])[-1]
+    try:
+        start = _parse_time((form.get("start") or [None])[-1], cluster.now())
+        end = _parse_time((form.get("end") or [None])[-1], cluster.now())
+        step = float((form.get("step") or ["60"])[-1])
+        if not query or step <= 0 or end < start or (end - start) / step > 11_000:
+            raise ValueError("query_range needs a query, 0 < step, start <= end and at most 11,000 points")
+        result = promql.evaluate(query, query_series(cluster))
+    except promql.PromQLError as exc:
+        return _error(400, f'invalid parameter "query": {exc}')
+    except ValueError as exc:
+        return _error(400, str(exc))
+    times = [round(start + i * step, 3) for i in range(int((end - start) // step) + 1)]
+    return json_response(
+        200,
+        {
+            "status": "success",
+            "data": {
+                "resultType": "matrix",
+                "result": [
+                    {"metric": labels, "values": [[t, promql.format_value(value)] for t in times]}
+                    for labels, value in result
+                ],
+            },
+        },
+    )
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def exposition(cluster: SimCluster) -> SimResponse:
-    """All exporter series of the cluster in the Prometheus text format (version 0.0.4)."""
-    profile = cluster.profile
-    helps = {profile.util_metric: profile.util_help}
-    families: dict[str, list[str]] = {}
-    for metric, labels, value in cluster.exporter_samples():
-        rendered = ",".join(f'{name}="{_escape(text)}"' for name, text in labels.items())
-        families.setdefault(metric, []).append(f"{metric}{{{rendered}}} {promql.format_value(value)}")
+def exposition(cluster: SimCluster, path: str = "/metrics") -> SimResponse:
+    """A target's samples in the Prometheus text format (version 0.0.4); `/metrics` alone answers
+    with every GPU exporter target of the cluster at once (for a quick look, not for scraping)."""
+    targets = exporters.scrape(cluster)
+    if path == "/metrics":
+        chosen = [t for t in targets if t.job == cluster.profile.exporter_job]
+    else:
+        chosen = [t for t in targets if t.path == path]
+        if not chosen:
+            return SimResponse(404, f"no exporter target at {path}\n".encode(), content_type="text/plain")
+    known = exporters.families(cluster.profile)
+    families: dict[str, tuple[exporters.Family, list[str]]] = {}
+    for target in chosen:
+        for metric, labels, value in targets[target]:
+            family = known.get(metric) or exporters.Family(metric, "untyped", metric)
+            rendered = ",".join(f'{name}="{_escape(text)}"' for name, text in labels.items())
+            families.setdefault(family.name, (family, []))[1].append(
+                f"{metric}{{{rendered}}} {promql.format_value(value)}"
+            )
     lines = []
-    for metric, samples in families.items():
-        lines += [f"# HELP {metric} {helps.get(metric, metric)}", f"# TYPE {metric} gauge", *samples]
+    for family, samples in families.values():
+        lines += [f"# HELP {family.name} {family.help}", f"# TYPE {family.name} {family.type}", *samples]
     return SimResponse(200, ("\n".join(lines) + "\n").encode("utf-8"), content_type=EXPOSITION_CONTENT_TYPE)

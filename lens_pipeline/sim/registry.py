@@ -6,9 +6,11 @@ import base64
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import yaml
 
+from lens_pipeline.sim import exporters
 from lens_pipeline.sim.fleet import SimCluster
 
 if TYPE_CHECKING:
@@ -84,3 +86,42 @@ def write_registry(path: str | os.PathLike[str], server: SimServer) -> Path:
         encoding="utf-8",
     )
     return registry_path
+
+
+def prometheus_config(cluster: SimCluster, server: SimServer, scrape_interval: str = "5s") -> dict[str, Any]:
+    """A `prometheus.yml` for one cluster: a scrape job per exporter, a target per node (its path
+    carried in `__metrics_path__`), with the `node` and `instance` labels the simulator's own query
+    API gives the same series. One Prometheus per cluster, as each original cluster had its own."""
+    base = urlsplit(server.base_url(cluster.name))
+    jobs: dict[str, list[dict[str, Any]]] = {}
+    for target in exporters.scrape(cluster):
+        labels = {"__metrics_path__": f"{base.path}{target.path}", "instance": target.instance}
+        if target.node:
+            labels["node"] = target.node
+        jobs.setdefault(target.job, []).append({"targets": [base.netloc], "labels": labels})
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [
+            {
+                "job_name": job,
+                "scheme": base.scheme,
+                "static_configs": configs,
+                **({"tls_config": {"insecure_skip_verify": True}} if base.scheme == "https" else {}),
+            }
+            for job, configs in sorted(jobs.items())
+        ],
+    }
+
+
+def write_prometheus_configs(
+    directory: str | os.PathLike[str], server: SimServer, scrape_interval: str = "5s"
+) -> list[Path]:
+    """`prometheus-<cluster>.yml` for every cluster of the fleet, in `directory`."""
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for cluster in server.fleet:
+        path = folder / f"prometheus-{cluster.name}.yml"
+        path.write_text(yaml.safe_dump(prometheus_config(cluster, server, scrape_interval), sort_keys=False))
+        written.append(path)
+    return written

@@ -150,8 +150,8 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if rest.startswith("/_"):
             return handle_simulator(cluster, req)
-        if rest == "/metrics":
-            response = exposition(cluster)
+        if rest == "/metrics" or rest.startswith("/metrics/"):
+            response = exposition(cluster, unquote(rest))
         elif rest == "/prometheus" or rest.startswith("/prometheus/"):
             self._apply_faults(cluster, "prometheus", req, query)
             response = handle_prometheus(cluster, req, req.path.removeprefix("/prometheus"))

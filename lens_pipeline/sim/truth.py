@@ -376,6 +376,9 @@ def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
     """The rows a correct pipeline has stored for the cluster's current state (schema in docs/SIMULATOR.md)."""
     vendor = VENDORS[cluster.vendor]
     resource = vendor.resource
+    from lens_pipeline.sim.exporters import device_truth  # the exporters read the cluster, as the truth does
+
+    gpu_devices, rdma_devices = device_truth(cluster)
     inputs = cluster.truth_snapshot()
     objects = inputs.objects
     with _without_cyclic_gc():
@@ -402,4 +405,6 @@ def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
             "storage": storage_rows(
                 [e.obj for e in objects["storageclasses"]], [e.obj for e in objects["secrets"]]
             ),
+            "gpu_devices": gpu_devices,
+            "rdma_devices": rdma_devices,
         }

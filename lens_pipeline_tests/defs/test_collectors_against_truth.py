@@ -23,7 +23,14 @@ from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.db import get_engine
-from lens_pipeline.store.schema import gpu_pods, gpu_workload, storage, workload_pod_reference
+from lens_pipeline.store.schema import (
+    gpu_device,
+    gpu_pods,
+    gpu_workload,
+    rdma_device,
+    storage,
+    workload_pod_reference,
+)
 
 POD_COLUMNS = (
     "namespace",
@@ -49,6 +56,7 @@ WORKLOAD_COLUMNS = (
     "gpu_request",
     "status",
 )
+DEVICE_COLUMNS = ("gpu_model", "serial", "memory", "utilization", "temperature", "power")
 WRITE_COUNTS = ("rows_inserted", "rows_updated", "rows_vanished")
 
 
@@ -118,6 +126,22 @@ def assert_matches_truth(url: str, server: SimServer, cluster: str) -> None:
 
     backends = {(r["kind"], r["name"]) for r in table(url, storage, cluster) if r["deleted_at"] is None}
     assert backends == {(s["kind"], s["name"]) for s in expected["storage"]}
+
+    ready = {n["name"] for n in expected["nodes"] if n["status"] == "Ready"}
+    gpus = {(r["node_name"], r["gpu_id"]): r for r in table(url, gpu_device, cluster)}
+    for want in expected["gpu_devices"]:
+        have = gpus[(want["node_name"], want["gpu_id"])]
+        assert {c: have[c] for c in DEVICE_COLUMNS} == pytest.approx({c: want[c] for c in DEVICE_COLUMNS})
+    seen = {(d["node_name"], d["gpu_id"]) for d in expected["gpu_devices"]}
+    assert {k for k in gpus if k[0] in ready} == seen  # vanished GPUs of Ready nodes are gone
+    nics = {
+        (r["node_name"], r["ifname"]): r for r in table(url, rdma_device, cluster) if r["deleted_at"] is None
+    }
+    assert {k for k in nics if k[0] in ready} == {
+        (n["node_name"], n["ifname"]) for n in expected["rdma_devices"]
+    }
+    for want in expected["rdma_devices"]:
+        assert (nics[(want["node_name"], want["ifname"])]["fw"]) == want["fw"]
 
 
 def test_every_collector_equals_the_truth_through_churn(fleet_and_registry, lens_url):

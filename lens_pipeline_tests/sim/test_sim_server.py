@@ -300,8 +300,20 @@ def test_metrics_endpoint_is_prometheus_text_exposition(served) -> None:
         "# TYPE gpu_gfx_activity gauge",
     ]
     samples = [line for line in lines if not line.startswith("#")]
-    assert len(samples) == 8 * len(fleet.cluster("sim-amd-0").gpu_utilization_samples())
-    assert all(line.startswith("gpu_gfx_activity{hostname=") for line in samples)
+    gpus = sum(len(v) for v in fleet.cluster("sim-amd-0").gpu_utilization_samples().values())
+    assert len([line for line in samples if line.startswith("gpu_gfx_activity{hostname=")]) == gpus
+    for family in ("gpu_junction_temperature", "gpu_package_power", "gpu_total_vram", "gpu_used_vram"):
+        assert f"# TYPE {family} gauge" in lines
+        assert len([line for line in samples if line.startswith(family + "{")]) == gpus
+    # One target per node and exporter, as a real Prometheus scrapes them.
+    node = fleet.cluster("sim-amd-0").node_names()[0]
+    status, per_node = _http(f"{server.base_url('sim-amd-0')}/metrics/device-metrics-exporter/{node}")
+    assert status == 200 and per_node.count("gpu_gfx_activity{") == 8 and node in per_node
+    assert all(f'hostname="{node}"' in line for line in per_node.splitlines() if not line.startswith("#"))
+    status, nics = _http(f"{server.base_url('sim-amd-0')}/metrics/node-exporter/{node}")
+    assert status == 200 and "# TYPE node_infiniband_port_data_received_bytes_total counter" in nics
+    status, juicefs = _http(f"{server.base_url('sim-amd-0')}/metrics/juicefs")
+    assert status == 200 and 'juicefs_used_space{vol_name="primus-data"' in juicefs
 
 
 def test_prometheus_errors_are_bad_data(served) -> None:

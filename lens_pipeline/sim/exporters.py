@@ -1,0 +1,292 @@
+"""What the simulated exporters expose, one scrape target per node and exporter, as a real Prometheus
+would scrape them: the GPU exporter (AMD device-metrics-exporter or NVIDIA dcgm-exporter),
+node_exporter's infiniband collector, and the JuiceFS clients (one target per cluster).
+
+The figures are derived from the cluster's state by this module only; `/api/v1/query` and
+`/metrics` both read them from here, so the simulator's own answers and a real Prometheus
+scraping the same targets see the same series.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lens_pipeline.sim.generate import JUICEFS_VOLUMES
+from lens_pipeline.sim.vendors import AMD, SimVendor
+
+if TYPE_CHECKING:
+    from lens_pipeline.sim.fleet import SimCluster
+
+NODE_EXPORTER_JOB = "node-exporter"
+NODE_EXPORTER_PORT = 9100
+JUICEFS_JOB = "juicefs"
+JUICEFS_PORT = 9567
+# Seconds the JuiceFS counters have been counting when the cluster starts (any fixed epoch works).
+_COUNTER_EPOCH = 1_700_000_000.0
+
+Sample = tuple[str, dict[str, str], float]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    type: str
+    help: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """One scrape target: `path` is below the cluster's base URL; `node` is '' for cluster-wide ones."""
+
+    job: str
+    node: str
+    instance: str
+
+    @property
+    def path(self) -> str:
+        return f"/metrics/{self.job}/{self.node}" if self.node else f"/metrics/{self.job}"
+
+
+# Per-GPU figures besides utilization: (family, value from (vendor, utilization, index, memory MiB, busy)).
+def _temperature(util: float, index: int) -> float:
+    return round(32.0 + 0.45 * util + (index % 4) * 1.5, 1)
+
+
+def _power(vendor: SimVendor, util: float) -> float:
+    idle, per_percent = (140.0, 6.0) if vendor is AMD else (70.0, 6.2)
+    return round(idle + per_percent * util, 1)
+
+
+def _vram_used(total: int, util: float, busy: bool) -> int:
+    return round(total * (0.12 + util / 125.0)) if busy else 284
+
+
+AMD_FAMILIES = {
+    "gpu_junction_temperature": Family(
+        "gpu_junction_temperature", "gauge", "Current junction temperature in Celsius"
+    ),
+    "gpu_package_power": Family("gpu_package_power", "gauge", "Current socket power in Watts"),
+    "gpu_total_vram": Family("gpu_total_vram", "gauge", "Total VRAM available (in MB)"),
+    "gpu_used_vram": Family("gpu_used_vram", "gauge", "Total VRAM memory used (in MB)"),
+}
+NVIDIA_FAMILIES = {
+    "DCGM_FI_DEV_GPU_TEMP": Family("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    "DCGM_FI_DEV_POWER_USAGE": Family("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    "DCGM_FI_DEV_FB_USED": Family("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    "DCGM_FI_DEV_FB_FREE": Family("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+}
+NIC_FAMILIES = {
+    "node_infiniband_info": Family(
+        "node_infiniband_info",
+        "gauge",
+        "Non-numeric data from /sys/class/infiniband/<device>, value is always 1.",
+    ),
+    "node_infiniband_rate_bytes_per_second": Family(
+        "node_infiniband_rate_bytes_per_second", "gauge", "Maximum signal transfer rate"
+    ),
+    "node_infiniband_port_data_received_bytes_total": Family(
+        "node_infiniband_port_data_received_bytes_total",
+        "counter",
+        "Number of data octets received on all links",
+    ),
+    "node_infiniband_port_data_transmitted_bytes_total": Family(
+        "node_infiniband_port_data_transmitted_bytes_total",
+        "counter",
+        "Number of data octets transmitted on all links",
+    ),
+}
+JUICEFS_FAMILIES = {
+    "juicefs_used_space": Family("juicefs_used_space", "gauge", "Total used space in bytes."),
+    "juicefs_total_space": Family("juicefs_total_space", "gauge", "Total space in bytes."),
+    "juicefs_used_inodes": Family("juicefs_used_inodes", "gauge", "Total used number of inodes."),
+    "juicefs_total_inodes": Family("juicefs_total_inodes", "gauge", "Total number of inodes."),
+    **{
+        f"{name}{suffix}": Family(name, "histogram", what)
+        for name, what in (
+            ("juicefs_fuse_read_size_bytes", "size of read distributions."),
+            ("juicefs_fuse_written_size_bytes", "size of write distributions."),
+        )
+        for suffix in ("_bucket", "_sum", "_count")
+    },
+}
+
+
+def _stable_fraction(*parts: object) -> float:
+    """A number in [0, 1) fixed by its inputs: figures that must not change between scrapes."""
+    return (zlib.crc32("/".join(map(str, parts)).encode()) % 10_000) / 10_000
+
+
+def scrape(cluster: SimCluster) -> dict[Target, list[Sample]]:
+    """Every target of the cluster and the samples it answers with now (cached until the state moves)."""
+    return cluster.memo("exporter_targets", lambda: _build(cluster))
+
+
+def _build(cluster: SimCluster) -> dict[Target, list[Sample]]:
+    vendor = cluster.profile
+    targets: dict[Target, list[Sample]] = {}
+    utilization = {
+        (labels[vendor.node_label], labels[_index_label(vendor)]): (labels, value)
+        for _, labels, value in cluster.exporter_samples()
+    }
+    gpus_by_node: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for (node, _index), (labels, value) in utilization.items():
+        gpus_by_node.setdefault(node, []).append((labels, value))
+    nics = cluster.nics()
+    for node in cluster.node_names():
+        if cluster.node_status(node) != "Ready":
+            continue  # the node's exporters run on it: down with it
+        address = cluster.node_address(node)
+        gpu_target = Target(vendor.exporter_job, node, f"{address}:{vendor.exporter_port}")
+        memory = cluster.gpu_product(node).memory_mib
+        targets[gpu_target] = _gpu_samples(vendor, memory, gpus_by_node.get(node, []))
+        nic_target = Target(NODE_EXPORTER_JOB, node, f"{address}:{NODE_EXPORTER_PORT}")
+        targets[nic_target] = _nic_samples(nics.get(node, []), cluster.now())
+    targets[Target(JUICEFS_JOB, "", f"juicefs-csi-node:{JUICEFS_PORT}")] = _juicefs_samples(cluster)
+    return targets
+
+
+def _index_label(vendor: SimVendor) -> str:
+    return "gpu_id" if vendor is AMD else "gpu"
+
+
+def _gpu_samples(
+    vendor: SimVendor, memory_mib: int, gpus: list[tuple[dict[str, str], float]]
+) -> list[Sample]:
+    samples: list[Sample] = []
+    for labels, util in sorted(gpus, key=lambda g: int(g[0][_index_label(vendor)])):
+        index = int(labels[_index_label(vendor)])
+        busy = bool(labels.get("pod"))
+        total = memory_mib
+        used = _vram_used(total, util, busy)
+        samples.append((vendor.util_metric, labels, util))
+        if vendor is AMD:
+            figures = {
+                "gpu_junction_temperature": _temperature(util, index),
+                "gpu_package_power": _power(vendor, util),
+                "gpu_total_vram": float(total),
+                "gpu_used_vram": float(used),
+            }
+        else:
+            figures = {
+                "DCGM_FI_DEV_GPU_TEMP": float(round(_temperature(util, index))),
+                "DCGM_FI_DEV_POWER_USAGE": _power(vendor, util),
+                "DCGM_FI_DEV_FB_USED": float(used),
+                "DCGM_FI_DEV_FB_FREE": float(total - used),
+            }
+        samples += [(name, labels, value) for name, value in figures.items()]
+    return samples
+
+
+def _nic_samples(nics: list, now: float) -> list[Sample]:
+    samples: list[Sample] = []
+    for nic in nics:
+        info = {
+            "board_id": nic.board_id,
+            "device": nic.device,
+            "firmware_version": nic.firmware_version,
+            "hca_type": nic.hca_type,
+        }
+        port = {"device": nic.device, "port": str(nic.port)}
+        share = 0.05 + 0.4 * _stable_fraction(nic.node_guid)
+        seconds = now - _COUNTER_EPOCH
+        samples += [
+            ("node_infiniband_info", info, 1.0),
+            ("node_infiniband_rate_bytes_per_second", port, float(nic.rate_bytes_per_second)),
+            (
+                "node_infiniband_port_data_received_bytes_total",
+                port,
+                float(int(nic.rate_bytes_per_second * share * seconds)),
+            ),
+            (
+                "node_infiniband_port_data_transmitted_bytes_total",
+                port,
+                float(int(nic.rate_bytes_per_second * share * 0.9 * seconds)),
+            ),
+        ]
+    return samples
+
+
+def _juicefs_samples(cluster: SimCluster) -> list[Sample]:
+    samples: list[Sample] = []
+    seconds = cluster.now() - _COUNTER_EPOCH
+    for _namespace, _secret, volume, _storage_class in JUICEFS_VOLUMES:
+        labels = {"vol_name": volume, "mp": f"/var/lib/juicefs/volume/{volume}"}
+        fraction = 0.2 + 0.6 * _stable_fraction(cluster.name, volume)
+        total_space, total_inodes = 2.0**50, 1e9
+        samples += [
+            ("juicefs_used_space", labels, float(int(total_space * fraction))),
+            ("juicefs_total_space", labels, total_space),
+            ("juicefs_used_inodes", labels, float(int(total_inodes * fraction / 3))),
+            ("juicefs_total_inodes", labels, total_inodes),
+        ]
+        for histogram, bytes_per_second in (
+            ("juicefs_fuse_read_size_bytes", 2.0e8),
+            ("juicefs_fuse_written_size_bytes", 5.0e7),
+        ):
+            total = float(int(seconds * bytes_per_second * fraction))
+            count = float(int(total // 131_072))
+            samples += [
+                (f"{histogram}_bucket", {**labels, "le": "+Inf"}, count),
+                (f"{histogram}_sum", labels, total),
+                (f"{histogram}_count", labels, count),
+            ]
+    return samples
+
+
+def families(vendor: SimVendor) -> dict[str, Family]:
+    """Every family a target of this vendor's clusters can expose, by sample name."""
+    util = Family(vendor.util_metric, "gauge", vendor.util_help)
+    return {
+        vendor.util_metric: util,
+        **(AMD_FAMILIES if vendor is AMD else NVIDIA_FAMILIES),
+        **NIC_FAMILIES,
+        **JUICEFS_FAMILIES,
+    }
+
+
+def device_truth(cluster: SimCluster) -> tuple[list[dict], list[dict]]:
+    """The `gpu_device` and `rdma_device` rows of the Ready nodes (a silent exporter proves nothing
+    about the devices of a node that is not Ready, so those are left out)."""
+    vendor = cluster.profile
+    index_label = _index_label(vendor)
+    model_label = "card_series" if vendor is AMD else "modelName"
+    serial_label = "serial_number" if vendor is AMD else "UUID"
+    gpus, nics = [], []
+    for target, samples in scrape(cluster).items():
+        if target.job == vendor.exporter_job:
+            figures: dict[int, dict] = {}
+            for metric, labels, value in samples:
+                row = figures.setdefault(
+                    int(labels[index_label]),
+                    {
+                        "node_name": target.node,
+                        "gpu_id": int(labels[index_label]),
+                        "gpu_model": labels[model_label],
+                        "serial": labels[serial_label],
+                        "memory": 0,
+                    },
+                )
+                if metric == vendor.util_metric:
+                    row["utilization"] = value
+                elif metric in ("gpu_junction_temperature", "DCGM_FI_DEV_GPU_TEMP"):
+                    row["temperature"] = value
+                elif metric in ("gpu_package_power", "DCGM_FI_DEV_POWER_USAGE"):
+                    row["power"] = value
+                elif metric in ("gpu_total_vram", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+                    row["memory"] += int(value)
+            gpus += figures.values()
+        elif target.job == NODE_EXPORTER_JOB:
+            nics += [
+                {
+                    "node_name": target.node,
+                    "ifname": labels["device"],
+                    "fw": labels["firmware_version"],
+                    "node_type": labels["hca_type"],
+                }
+                for metric, labels, _ in samples
+                if metric == "node_infiniband_info"
+            ]
+    key = lambda row: (row["node_name"], row.get("gpu_id", row.get("ifname")))  # noqa: E731
+    return sorted(gpus, key=key), sorted(nics, key=key)
