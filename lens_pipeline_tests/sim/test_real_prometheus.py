@@ -1,0 +1,153 @@
+"""A real Prometheus (Debian's package) scrapes the simulated exporters and answers the pipeline's
+PromQL with the same figures as the simulator's own query API; the collectors pointed at it store
+what the ground truth says.
+
+CI installs `prometheus`; there this test must not skip.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import yaml
+from dagster import instance_for_test, materialize
+
+from lens_pipeline.defs import resources
+from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
+from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
+from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase
+from lens_pipeline.prom.reader import PromReader
+from lens_pipeline.sim.exporters import scrape
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import prometheus_config, write_registry
+from lens_pipeline.sim.server import SimServer
+from lens_pipeline.store.schema import gpu_device
+from lens_pipeline.vendors import INFINIBAND, PROFILES
+from lens_pipeline_tests.conftest import skip_unless
+from lens_pipeline_tests.defs.test_collectors_against_truth import DEVICE_COLUMNS, table, truth
+from lens_pipeline_tests.defs.test_gpu_nodes import assert_table_equals_truth
+
+READY_TIMEOUT = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _samples(reader: PromReader, query: str) -> dict[frozenset, float]:
+    return {frozenset(s.labels.items()): s.value for s in reader.vector(query)}
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    binary = shutil.which("prometheus")
+    skip_unless(binary is not None, "Debian's prometheus is not installed (apt-get install prometheus)")
+    work = tmp_path_factory.mktemp("real-prometheus")
+    fleet = SimFleet.generate(clusters=2, nodes=5, seed=8, vendor="mixed")
+    processes = []
+    with SimServer(fleet) as server:
+        urls = {}
+        for cluster in fleet:
+            config = work / f"{cluster.name}.yml"
+            config.write_text(yaml.safe_dump(prometheus_config(cluster, server, scrape_interval="1s")))
+            port = _free_port()
+            processes.append(
+                subprocess.Popen(
+                    [
+                        binary,
+                        f"--config.file={config}",
+                        f"--storage.tsdb.path={work / cluster.name}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                        "--log.level=warn",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+            )
+            urls[cluster.name] = f"http://127.0.0.1:{port}"
+        try:
+            for cluster in fleet:
+                _wait_until_scraped(urls[cluster.name], len(scrape(cluster)))
+            yield fleet, server, urls, work
+        finally:
+            for process in processes:
+                process.terminate()
+                process.wait(timeout=30)
+
+
+def _wait_until_scraped(url: str, targets: int) -> None:
+    reader = PromReader("real", url, timeout_seconds=5)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{url}/-/ready", timeout=2).read()
+            up = reader.vector("sum(up)")
+            if up and up[0].value == targets:
+                time.sleep(1.5)  # one more scrape interval: every target's samples are in
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"Prometheus at {url} did not scrape {targets} targets in {READY_TIMEOUT} s")
+
+
+def pipeline_queries(vendor: str) -> list[str]:
+    profile = PROFILES[vendor]
+    return [
+        profile.node_utilization_query(),
+        profile.identity_query(),
+        *(profile.figure_query(figure) for figure in profile.device_metrics),
+        INFINIBAND.info_query(),
+    ]
+
+
+def test_real_prometheus_answers_the_pipeline_queries_like_the_simulator(scraped):
+    fleet, server, urls, _ = scraped
+    for cluster in fleet:
+        real = PromReader(cluster.name, urls[cluster.name])
+        simulated = PromReader(cluster.name, server.prometheus_url(cluster.name))
+        for query in pipeline_queries(cluster.vendor):
+            from_real, from_sim = _samples(real, query), _samples(simulated, query)
+            assert from_real.keys() == from_sim.keys(), query
+            assert from_real == pytest.approx(from_sim), query
+            assert from_real, f"{query} returned nothing"
+
+
+def test_collectors_on_a_real_prometheus_store_the_truth(scraped, tmp_path):
+    fleet, server, urls, _ = scraped
+    registry = write_registry(tmp_path / "clusters.yaml", server)
+    document = yaml.safe_load(registry.read_text())
+    for entry in document["clusters"]:
+        entry["prometheus_url"] = urls[entry["name"]]
+    registry.write_text(yaml.safe_dump(document))
+    url = f"sqlite:///{tmp_path / 'lens.db'}"
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("cluster", [c.name for c in fleet])
+        for cluster in fleet:
+            result = materialize(
+                [gpu_nodes, gpu_devices],
+                partition_key=cluster.name,
+                instance=instance,
+                resources={
+                    **resources.defs.resources,
+                    "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                    "lens_db": LensDatabase(url=url),
+                },
+            )
+            assert result.success
+            assert_table_equals_truth(url, server, cluster.name)
+            expected = truth(server, cluster.name)["gpu_devices"]
+            stored = {(r["node_name"], r["gpu_id"]): r for r in table(url, gpu_device, cluster.name)}
+            assert len(stored) == len(expected) > 0
+            for want in expected:
+                have = stored[(want["node_name"], want["gpu_id"])]
+                assert {c: have[c] for c in DEVICE_COLUMNS} == pytest.approx(
+                    {c: want[c] for c in DEVICE_COLUMNS}
+                )
