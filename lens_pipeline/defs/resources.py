@@ -61,6 +61,7 @@ class KubernetesResource(ConfigurableResource):
     page_size: int = PAGE_SIZE
     max_retries: int = 3
     backoff_seconds: float = 0.5
+    max_list_restarts: int = 3  # a continue token that expired (410) restarts the LIST this often
     # One snapshot per cluster per run: the collectors of a run share every LIST.
     _snapshots: dict = PrivateAttr(default_factory=dict)
 
@@ -70,6 +71,7 @@ class KubernetesResource(ConfigurableResource):
             page_size=self.page_size,
             max_retries=self.max_retries,
             backoff_seconds=self.backoff_seconds,
+            max_restarts=self.max_list_restarts,
         )
 
     def snapshot(self, cluster: ClusterConfig) -> ClusterSnapshot:

@@ -28,6 +28,7 @@ from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.schema import node
+from lens_pipeline_tests.defs.support import failure_message
 
 AMD, NVIDIA = "sim-amd-0", "sim-nvidia-1"
 TRUTH_COLUMNS = (
@@ -233,10 +234,7 @@ def test_an_unreachable_cluster_fails_alone_with_a_clear_error(sim, instance, sq
     before = stored(sqlite_url, AMD)
     result = run("unreachable", registry, sqlite_url, instance, raise_on_error=False)
     assert not result.success
-    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    message = failure.event_specific_data.error.message + "".join(
-        c.message for c in [failure.event_specific_data.error.cause] if c
-    )
+    message = failure_message(result)
     assert "unreachable" in message and "GET /api/v1/" in message and "Connection refused" in message
     assert stored(sqlite_url, AMD) == before
     assert run(AMD, registry, sqlite_url, instance).success  # the others go on
