@@ -21,7 +21,8 @@ from bench_collectors import requests_seen, start_simulator
 
 def original_pattern(cluster_config, resources: tuple[str, ...]) -> int:
     """Reads what the original read for nodes, pods and owner chains, one object at a time."""
-    from lens_pipeline.collect.owners import KindRef, owner_ref, plurals_from_discovery
+    from lens_pipeline.collect.objects import KindRef, owner_ref
+    from lens_pipeline.collect.owners import plurals_from_discovery
     from lens_pipeline.collect.pods import project_gpu_pod
     from lens_pipeline.kube.reader import KubeReader
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from lens_pipeline.collect.objects import KEPT_METADATA, owner_ref
 from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name
 from lens_pipeline.collect.quantity import whole_units
 from lens_pipeline.collect.times import parse_time
@@ -78,16 +79,6 @@ class GpuPod:
         return self.phase in HOLDING_PHASES and bool(self.node_name)
 
 
-_KEPT_METADATA = (
-    "name",
-    "namespace",
-    "uid",
-    "resourceVersion",
-    "creationTimestamp",
-    "deletionTimestamp",
-    "ownerReferences",
-    "labels",
-)
 _KEPT_STATUS = ("phase", "podIP", "conditions", "containerStatuses", "startTime", "reason")
 
 
@@ -112,7 +103,7 @@ def project_gpu_pod(pod: object, resources: tuple[str, ...]) -> GpuPod | Problem
             if not isinstance(metadata.get(field), str) or not metadata[field]:
                 raise MalformedObject(f"missing metadata.{field}")
         slim = {
-            "metadata": {k: metadata[k] for k in _KEPT_METADATA if k in metadata},
+            "metadata": {k: metadata[k] for k in KEPT_METADATA if k in metadata},
             "spec": {
                 "nodeName": spec.get("nodeName"),
                 "containers": [_slim_container(c) for c in _containers(spec, "containers")],
@@ -137,12 +128,8 @@ def allocation_by_node(pods: Iterable[GpuPod]) -> dict[tuple[str, str], int]:
 
 def owner_uid(metadata: dict) -> str:
     """The controller's uid, else the first owner's, else ''."""
-    refs = metadata.get("ownerReferences") or []
-    if not isinstance(refs, list):
-        raise MalformedObject("metadata.ownerReferences should be a list")
-    refs = [r for r in refs if isinstance(r, dict) and isinstance(r.get("uid"), str)]
-    controller = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
-    return controller["uid"] if controller else ""
+    ref = owner_ref(metadata)
+    return ref.uid if ref is not None else ""
 
 
 def gpu_pod_row(pod: GpuPod) -> Row:

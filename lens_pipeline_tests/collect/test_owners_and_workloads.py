@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lens_pipeline.collect.owners import (
-    KindRef,
-    owner_ref,
-    parent_uid,
-    plurals_from_discovery,
-    resolve_chains,
-)
+from lens_pipeline.collect.objects import KindRef, owner_ref
+from lens_pipeline.collect.owners import parent_uid, plurals_from_discovery, resolve_chains
 from lens_pipeline.collect.pods import GpuPod, project_gpu_pod
 from lens_pipeline.collect.problems import MalformedObject
 from lens_pipeline.collect.workloads import workload_row, workload_status

@@ -6,11 +6,10 @@ from datetime import UTC, datetime
 
 from dagster import AssetExecutionContext, MaterializeResult
 
+from lens_pipeline.collect.objects import KindRef, owner_ref
 from lens_pipeline.collect.owners import (
     SAFE_GROUP_VERSION,
     SAFE_KIND,
-    KindRef,
-    owner_ref,
     parent_uid,
     resolve_chains,
     safe_workloads_by_name,

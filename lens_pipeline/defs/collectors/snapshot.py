@@ -10,7 +10,8 @@ from functools import cached_property, partial
 
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.collect.nodes import project_node
-from lens_pipeline.collect.owners import KindRef, plurals_from_discovery, project_owner
+from lens_pipeline.collect.objects import KindRef
+from lens_pipeline.collect.owners import plurals_from_discovery, project_owner
 from lens_pipeline.collect.pods import GpuPod, project_gpu_pod
 from lens_pipeline.collect.problems import Problem
 from lens_pipeline.kube.reader import KubeReader
@@ -59,7 +60,3 @@ class ClusterSnapshot:
             listed = self.reader.list(kind.list_path(found[0]), project_owner)
             self._objects[kind] = [o for o in listed if o is not None]
         return self._objects[kind]
-
-    @property
-    def listed_kinds(self) -> set[KindRef]:
-        return set(self._objects)
