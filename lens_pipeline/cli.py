@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--port", type=int, default=3000, help="Dagster UI port")
     demo.add_argument("--state-dir", default=".lens/demo", help="where the demo keeps its databases")
     demo.add_argument("--fresh", action="store_true", help="start from empty databases")
+    demo.add_argument("--churn", type=float, default=20.0, help="seconds between churn steps (0: none)")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "sim":
@@ -71,6 +73,7 @@ def _safe_url(url: str) -> str:
 
 def _demo(args: argparse.Namespace) -> int:
     """Start the simulator in this process and `dagster dev` beside it; Ctrl-C stops both."""
+    from lens_pipeline.sim.cli import churn_forever
     from lens_pipeline.sim.fleet import SimFleet
     from lens_pipeline.sim.registry import write_registry
     from lens_pipeline.sim.server import SimServer
@@ -91,6 +94,10 @@ def _demo(args: argparse.Namespace) -> int:
     registry = state / "clusters.yaml"
     write_registry(registry, server)
     print(f"[lens demo] simulator on {server.url}; registry {registry}")
+    stopped = threading.Event()
+    if args.churn > 0:
+        threading.Thread(target=churn_forever, args=(fleet, args.churn, stopped), daemon=True).start()
+        print(f"[lens demo] churn: pods, workloads, nodes, GPUs and NICs change every {args.churn:g} s")
 
     env = {
         **os.environ,
@@ -126,6 +133,7 @@ def _demo(args: argparse.Namespace) -> int:
         return 0
     finally:
         _stop_process_tree(process)
+        stopped.set()
         server.stop()
 
 

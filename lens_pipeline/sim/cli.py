@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopped = threading.Event()
     if args.churn > 0:
         threading.Thread(
-            target=_churn_forever, args=(fleet, args.churn, stopped), name="lens-sim-churn", daemon=True
+            target=churn_forever, args=(fleet, args.churn, stopped), name="lens-sim-churn", daemon=True
         ).start()
     # SIGTERM (docker stop, kill) ends the process as cleanly as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _churn_forever(fleet: SimFleet, seconds: float, stopped: threading.Event) -> None:
+def churn_forever(fleet: SimFleet, seconds: float, stopped: threading.Event) -> None:
+    """Step every cluster's churn every `seconds` until `stopped` is set (run it in a thread)."""
     while not stopped.wait(seconds):
         fleet.churn(1)
 
