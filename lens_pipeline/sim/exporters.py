@@ -18,6 +18,7 @@ from lens_pipeline.sim.vendors import AMD, SimVendor
 
 if TYPE_CHECKING:
     from lens_pipeline.sim.fleet import SimCluster
+    from lens_pipeline.sim.nics import SimNic
 
 NODE_EXPORTER_JOB = "node-exporter"
 NODE_EXPORTER_PORT = 9100
@@ -118,9 +119,32 @@ def _stable_fraction(*parts: object) -> float:
     return (zlib.crc32("/".join(map(str, parts)).encode()) % 10_000) / 10_000
 
 
+# Counters grow with time, not with the cluster's state: their cached value is a rate per second,
+# turned into a count at each scrape (the rest is cached until the state moves).
+COUNTERS = frozenset(
+    {
+        "node_infiniband_port_data_received_bytes_total",
+        "node_infiniband_port_data_transmitted_bytes_total",
+        *(
+            f"{h}{suffix}"
+            for h in ("juicefs_fuse_read_size_bytes", "juicefs_fuse_written_size_bytes")
+            for suffix in ("_bucket", "_sum", "_count")
+        ),
+    }
+)
+COUNTING_JOBS = frozenset({NODE_EXPORTER_JOB, JUICEFS_JOB})
+
+
 def scrape(cluster: SimCluster) -> dict[Target, list[Sample]]:
-    """Every target of the cluster and the samples it answers with now (cached until the state moves)."""
-    return cluster.memo("exporter_targets", lambda: _build(cluster))
+    """Every target of the cluster and the samples it answers with now."""
+    cached = cluster.memo("exporter_targets", lambda: _build(cluster))
+    seconds = cluster.now() - _COUNTER_EPOCH
+    return {
+        target: [(m, labels, float(int(v * seconds)) if m in COUNTERS else v) for m, labels, v in samples]
+        if target.job in COUNTING_JOBS
+        else samples
+        for target, samples in cached.items()
+    }
 
 
 def _build(cluster: SimCluster) -> dict[Target, list[Sample]]:
@@ -142,7 +166,7 @@ def _build(cluster: SimCluster) -> dict[Target, list[Sample]]:
         memory = cluster.gpu_product(node).memory_mib
         targets[gpu_target] = _gpu_samples(vendor, memory, gpus_by_node.get(node, []))
         nic_target = Target(NODE_EXPORTER_JOB, node, f"{address}:{NODE_EXPORTER_PORT}")
-        targets[nic_target] = _nic_samples(nics.get(node, []), cluster.now())
+        targets[nic_target] = _nic_samples(nics.get(node, []))
     targets[Target(JUICEFS_JOB, "", f"juicefs-csi-node:{JUICEFS_PORT}")] = _juicefs_samples(cluster)
     return targets
 
@@ -179,7 +203,13 @@ def _gpu_samples(
     return samples
 
 
-def _nic_samples(nics: list, now: float) -> list[Sample]:
+def nic_traffic(nic: SimNic) -> tuple[float, float]:
+    """(received, transmitted) bytes per second of a NIC: steady, so a counter's rate is known."""
+    share = 0.05 + 0.4 * _stable_fraction(nic.node_guid)
+    return nic.rate_bytes_per_second * share, nic.rate_bytes_per_second * share * 0.9
+
+
+def _nic_samples(nics: list[SimNic]) -> list[Sample]:
     samples: list[Sample] = []
     for nic in nics:
         info = {
@@ -189,48 +219,49 @@ def _nic_samples(nics: list, now: float) -> list[Sample]:
             "hca_type": nic.hca_type,
         }
         port = {"device": nic.device, "port": str(nic.port)}
-        share = 0.05 + 0.4 * _stable_fraction(nic.node_guid)
-        seconds = now - _COUNTER_EPOCH
+        received, transmitted = nic_traffic(nic)
         samples += [
             ("node_infiniband_info", info, 1.0),
             ("node_infiniband_rate_bytes_per_second", port, float(nic.rate_bytes_per_second)),
-            (
-                "node_infiniband_port_data_received_bytes_total",
-                port,
-                float(int(nic.rate_bytes_per_second * share * seconds)),
-            ),
-            (
-                "node_infiniband_port_data_transmitted_bytes_total",
-                port,
-                float(int(nic.rate_bytes_per_second * share * 0.9 * seconds)),
-            ),
+            ("node_infiniband_port_data_received_bytes_total", port, received),
+            ("node_infiniband_port_data_transmitted_bytes_total", port, transmitted),
         ]
     return samples
 
 
-def _juicefs_samples(cluster: SimCluster) -> list[Sample]:
-    samples: list[Sample] = []
-    seconds = cluster.now() - _COUNTER_EPOCH
+def juicefs_volumes(cluster: SimCluster) -> dict[str, dict[str, float]]:
+    """Each JuiceFS volume's figures: space and inodes, and read/write bytes per second."""
+    volumes = {}
     for _namespace, _secret, volume, _storage_class in JUICEFS_VOLUMES:
-        labels = {"vol_name": volume, "mp": f"/var/lib/juicefs/volume/{volume}"}
         fraction = 0.2 + 0.6 * _stable_fraction(cluster.name, volume)
         total_space, total_inodes = 2.0**50, 1e9
+        volumes[volume] = {
+            "used_space": float(int(total_space * fraction)),
+            "total_space": total_space,
+            "used_inodes": float(int(total_inodes * fraction / 3)),
+            "total_inodes": total_inodes,
+            "read_bytes_per_second": 2.0e8 * fraction,
+            "written_bytes_per_second": 5.0e7 * fraction,
+        }
+    return volumes
+
+
+def _juicefs_samples(cluster: SimCluster) -> list[Sample]:
+    samples: list[Sample] = []
+    for volume, figures in juicefs_volumes(cluster).items():
+        labels = {"vol_name": volume, "mp": f"/var/lib/juicefs/volume/{volume}"}
         samples += [
-            ("juicefs_used_space", labels, float(int(total_space * fraction))),
-            ("juicefs_total_space", labels, total_space),
-            ("juicefs_used_inodes", labels, float(int(total_inodes * fraction / 3))),
-            ("juicefs_total_inodes", labels, total_inodes),
+            (f"juicefs_{name}", labels, figures[name])
+            for name in ("used_space", "total_space", "used_inodes", "total_inodes")
         ]
-        for histogram, bytes_per_second in (
-            ("juicefs_fuse_read_size_bytes", 2.0e8),
-            ("juicefs_fuse_written_size_bytes", 5.0e7),
+        for histogram, rate in (
+            ("juicefs_fuse_read_size_bytes", figures["read_bytes_per_second"]),
+            ("juicefs_fuse_written_size_bytes", figures["written_bytes_per_second"]),
         ):
-            total = float(int(seconds * bytes_per_second * fraction))
-            count = float(int(total // 131_072))
-            samples += [
-                (f"{histogram}_bucket", {**labels, "le": "+Inf"}, count),
-                (f"{histogram}_sum", labels, total),
-                (f"{histogram}_count", labels, count),
+            samples += [  # rates per second; `scrape` makes them counts (one FUSE request per 128 KiB)
+                (f"{histogram}_bucket", {**labels, "le": "+Inf"}, rate / 131_072),
+                (f"{histogram}_sum", labels, rate),
+                (f"{histogram}_count", labels, rate / 131_072),
             ]
     return samples
 
@@ -290,3 +321,54 @@ def device_truth(cluster: SimCluster) -> tuple[list[dict], list[dict]]:
             ]
     key = lambda row: (row["node_name"], row.get("gpu_id", row.get("ifname")))  # noqa: E731
     return sorted(gpus, key=key), sorted(nics, key=key)
+
+
+# Taint effects that keep pods off a node: such a node is faulty for the overview.
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
+    """The `cluster_overview_cache` row by spec §3's formulas with the original's bugs fixed:
+    NotReady/Unknown GPU nodes count as faulty instead of vanishing, every other node lands in exactly
+    one idle bucket, a tainted node is faulty only for taints that keep pods off it, and storage and
+    RDMA figures add up every volume and NIC (rates are bytes per second)."""
+    faulty = [
+        n
+        for n in nodes
+        if n["status"] != "Ready"
+        or n["gpu_count"] == 0
+        or any(t.get("effect") in BLOCKING_EFFECTS for t in (n["taints"] or {}).get("taints", []))
+    ]
+    healthy = [n for n in nodes if n not in faulty]
+    capacity = sum(n["gpu_count"] for n in healthy)
+    allocated = sum(n["gpu_allocation"] for n in healthy)
+    samples = [v for values in cluster.gpu_utilization_samples().values() for v in values]
+    volumes = juicefs_volumes(cluster).values()
+    space, used = sum(v["total_space"] for v in volumes), sum(v["used_space"] for v in volumes)
+    inodes, used_inodes = sum(v["total_inodes"] for v in volumes), sum(v["used_inodes"] for v in volumes)
+    traffic = [
+        nic_traffic(nic)
+        for node, nics in cluster.nics().items()
+        if cluster.node_status(node) == "Ready"
+        for nic in nics
+    ]
+    return {
+        "total_nodes": len(nodes),
+        "healthy_nodes": len(healthy),
+        "faulty_nodes": len(faulty),
+        "fully_idle_nodes": sum(n["gpu_allocation"] == 0 for n in healthy),
+        "partially_idle_nodes": sum(0 < n["gpu_allocation"] < n["gpu_count"] for n in healthy),
+        "busy_nodes": sum(n["gpu_allocation"] >= n["gpu_count"] > 0 for n in healthy),
+        "allocation_rate": 100.0 * allocated / capacity if capacity else 0.0,
+        "utilization": sum(samples) / len(samples) if samples else 0.0,
+        "storage_total_space": space,
+        "storage_used_space": used,
+        "storage_usage_percentage": 100.0 * used / space if space else 0.0,
+        "storage_total_inodes": inodes,
+        "storage_used_inodes": used_inodes,
+        "storage_inodes_usage_percentage": 100.0 * used_inodes / inodes if inodes else 0.0,
+        "storage_read_bandwidth": sum(v["read_bytes_per_second"] for v in volumes),
+        "storage_write_bandwidth": sum(v["written_bytes_per_second"] for v in volumes),
+        "rdma_total_rx": sum(rx for rx, _ in traffic),
+        "rdma_total_tx": sum(tx for _, tx in traffic),
+    }

@@ -24,13 +24,19 @@ def _error(status: int, message: str) -> SimResponse:
 
 def query_series(cluster: SimCluster) -> list[promql.Series]:
     """Every scraped series as Prometheus stores it: `__name__`, the target's `job` and `instance`,
-    and `node` for per-node targets (the label `write_prometheus_config` gives them)."""
-    return cluster.memo("prometheus_series", lambda: _scraped_series(cluster))
+    and `node` for per-node targets (the label `write_prometheus_config` gives them). Series of
+    targets with counters are made anew (counters move with time); the others are cached."""
+    targets = exporters.scrape(cluster)
+    steady = cluster.memo(
+        "prometheus_series",
+        lambda: _series({t: v for t, v in targets.items() if t.job not in exporters.COUNTING_JOBS}),
+    )
+    return steady + _series({t: v for t, v in targets.items() if t.job in exporters.COUNTING_JOBS})
 
 
-def _scraped_series(cluster: SimCluster) -> list[promql.Series]:
+def _series(targets: dict[exporters.Target, list[exporters.Sample]]) -> list[promql.Series]:
     series: list[promql.Series] = []
-    for target, samples in exporters.scrape(cluster).items():
+    for target, samples in targets.items():
         extra = {
             "job": target.job,
             "instance": target.instance,

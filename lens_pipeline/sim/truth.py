@@ -376,7 +376,8 @@ def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
     """The rows a correct pipeline has stored for the cluster's current state (schema in docs/SIMULATOR.md)."""
     vendor = VENDORS[cluster.vendor]
     resource = vendor.resource
-    from lens_pipeline.sim.exporters import device_truth  # the exporters read the cluster, as the truth does
+    # The exporters read the cluster, as the truth does (imported here: they import this module's kin).
+    from lens_pipeline.sim.exporters import device_truth, overview_truth
 
     gpu_devices, rdma_devices = device_truth(cluster)
     inputs = cluster.truth_snapshot()
@@ -394,10 +395,11 @@ def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
                 gpu_pods.append(row)
                 pod_links[row["uid"]] = _link(pod, entry)
         gpu_pods.sort(key=lambda row: (row["namespace"], row["name"]))
+        nodes = node_rows([e.obj for e in objects["nodes"]], allocated, inputs.utilization, vendor)
         return {
             "cluster": cluster.name,
             "vendor": cluster.vendor,
-            "nodes": node_rows([e.obj for e in objects["nodes"]], allocated, inputs.utilization, vendor),
+            "nodes": nodes,
             "pods": gpu_pods,
             "removed_pods": sorted(inputs.removed_pods),
             "workloads": workload_rows(objects, gpu_pods, pod_links),
@@ -407,4 +409,5 @@ def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
             ),
             "gpu_devices": gpu_devices,
             "rdma_devices": rdma_devices,
+            "overview": overview_truth(cluster, nodes),
         }

@@ -151,3 +151,31 @@ def test_collectors_on_a_real_prometheus_store_the_truth(scraped, tmp_path):
                 assert {c: have[c] for c in DEVICE_COLUMNS} == pytest.approx(
                     {c: want[c] for c in DEVICE_COLUMNS}
                 )
+
+
+def test_the_overview_truth_is_what_a_real_prometheus_computes(scraped):
+    """The truth's Prometheus-derived overview figures (utilization, storage, RDMA rates) agree with
+    what a real Prometheus computes from the scraped series. Rates are taken per series, then summed
+    (the original's `rate(sum(...))` is wrong); `irate` because a Prometheus seconds old has too
+    little history for `rate`'s extrapolation to be exact."""
+    fleet, server, urls, _ = scraped
+    for cluster in fleet:
+        real = PromReader(cluster.name, urls[cluster.name])
+        rx_query = "sum(irate(node_infiniband_port_data_received_bytes_total[10s]))"
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not real.vector(rx_query) and time.monotonic() < deadline:
+            time.sleep(0.5)  # a rate needs two scrapes inside its window
+        overview = truth(server, cluster.name)["overview"]
+        figures = {
+            f"avg({PROFILES[cluster.vendor].util_metric})": overview["utilization"],
+            "sum(juicefs_used_space)": overview["storage_used_space"],
+            "sum(juicefs_total_space)": overview["storage_total_space"],
+            "sum(juicefs_used_inodes)": overview["storage_used_inodes"],
+            "sum(irate(juicefs_fuse_read_size_bytes_sum[10s]))": overview["storage_read_bandwidth"],
+            "sum(irate(juicefs_fuse_written_size_bytes_sum[10s]))": overview["storage_write_bandwidth"],
+            rx_query: overview["rdma_total_rx"],
+            "sum(irate(node_infiniband_port_data_transmitted_bytes_total[10s]))": overview["rdma_total_tx"],
+        }
+        for query, expected in figures.items():
+            (sample,) = real.vector(query)
+            assert sample.value == pytest.approx(expected, rel=0.02), query
