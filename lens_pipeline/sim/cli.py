@@ -18,7 +18,12 @@ from lens_pipeline.sim.server import SimServer
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lens sim", description="Serve a fleet of simulated GPU clusters.")
     parser.add_argument("--clusters", type=int, default=2, help="number of clusters (default 2)")
-    parser.add_argument("--nodes", type=int, default=10, help="GPU nodes per cluster (default 10)")
+    parser.add_argument(
+        "--nodes",
+        type=_node_mix,
+        default=[10],
+        help="GPU nodes per cluster, or a comma-separated mix taken in turn, e.g. 10,100,1000 (default 10)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed; same seed, same fleet (default 0)")
     parser.add_argument(
         "--vendor",
@@ -111,6 +116,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.stop()
     return 0
+
+
+def _node_mix(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number or numbers separated by commas, got {text!r}"
+        ) from None
+    if any(n < 0 for n in counts):
+        raise argparse.ArgumentTypeError("node counts must be non-negative")
+    return counts
 
 
 def churn_forever(fleet: SimFleet, seconds: float, stopped: threading.Event) -> None:

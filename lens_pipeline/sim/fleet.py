@@ -609,21 +609,30 @@ class SimFleet:
     def generate(
         cls,
         clusters: int,
-        nodes: int,
+        nodes: int | Sequence[int],
         seed: int,
         vendor: str = "mixed",
         pods_per_node: float = 2.0,
         **cluster_options: Any,
     ) -> SimFleet:
-        """Clusters `sim-<vendor>-<i>`; "mixed" alternates amd and nvidia starting with amd."""
+        """Clusters `sim-<vendor>-<i>`; "mixed" alternates amd and nvidia starting with amd. `nodes`
+        is the GPU node count of every cluster, or a mix taken in turn (10, 100, 10, 100, ...)."""
         if vendor not in (*VENDORS, "mixed"):
             raise ValueError(f"vendor must be one of {[*VENDORS, 'mixed']}, got {vendor!r}")
+        mix = [nodes] if isinstance(nodes, int) else list(nodes)
+        if not mix or any(n < 0 for n in mix):
+            raise ValueError(f"node counts must be non-negative, got {nodes!r}")
         made = []
         for i in range(clusters):
             cluster_vendor = ("amd", "nvidia")[i % 2] if vendor == "mixed" else vendor
             made.append(
                 SimCluster(
-                    f"sim-{cluster_vendor}-{i}", cluster_vendor, nodes, seed, pods_per_node, **cluster_options
+                    f"sim-{cluster_vendor}-{i}",
+                    cluster_vendor,
+                    mix[i % len(mix)],
+                    seed,
+                    pods_per_node,
+                    **cluster_options,
                 )
             )
         return cls(made)

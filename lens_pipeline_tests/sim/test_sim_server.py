@@ -545,3 +545,13 @@ def test_registry_and_kubeconfigs(served) -> None:
     assert loaded["current-context"] == "sim-amd-0"
     assert loaded["clusters"][0]["cluster"]["server"] == server.base_url("sim-amd-0")
     assert loaded["users"][0]["user"]["token"] == fleet.cluster("sim-amd-0").token
+
+
+def test_a_fleet_can_mix_cluster_sizes() -> None:
+    from lens_pipeline.sim.cli import build_parser
+
+    args = build_parser().parse_args(["--clusters", "3", "--nodes", "2,5"])
+    fleet = SimFleet.generate(3, args.nodes, 1, "mixed")
+    assert [len(c.node_names()) for c in fleet] == [2, 5, 2]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--nodes", "two"])
