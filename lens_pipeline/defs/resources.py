@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ClassVar
+
 from dagster import ConfigurableResource, Definitions, InitResourceContext
 from pydantic import Field, PrivateAttr
 from sqlalchemy import Engine
@@ -12,7 +15,7 @@ from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
 from lens_pipeline.kube.reader import PAGE_SIZE, KubeReader
 from lens_pipeline.prom.reader import PromReader
 from lens_pipeline.store.db import get_engine
-from lens_pipeline.store.migrate import ensure_schema
+from lens_pipeline.store.migrate import Database, ensure_schema
 
 
 class ClusterRegistryResource(ConfigurableResource):
@@ -33,26 +36,31 @@ class ClusterRegistryResource(ConfigurableResource):
         return self.load().get(name)
 
 
-class LensDatabase(ConfigurableResource):
+class _Database(ConfigurableResource):
+    """A database through SQLAlchemy, migrated on first use in the process."""
+
+    url: str | None = Field(default=None, description="SQLAlchemy URL")
+    _schema: ClassVar[Database]
+    _default_url: ClassVar[Callable[[], str]]
+
+    def engine(self) -> Engine:
+        engine = get_engine(self.url or type(self)._default_url())
+        ensure_schema(engine, self._schema)
+        return engine
+
+
+class LensDatabase(_Database):
     """The Lens database (default: `$LENS_DATABASE_URL`, else SQLite under `$DAGSTER_HOME`)."""
 
-    url: str | None = Field(default=None, description="SQLAlchemy URL")
-
-    def engine(self) -> Engine:
-        engine = get_engine(self.url or settings.lens_database_url())
-        ensure_schema(engine, "lens")
-        return engine
+    _schema: ClassVar[Database] = "lens"
+    _default_url: ClassVar[Callable[[], str]] = staticmethod(settings.lens_database_url)
 
 
-class SafeDatabase(ConfigurableResource):
+class SafeDatabase(_Database):
     """The SaFE database (default: `$LENS_SAFE_DATABASE_URL`, else SQLite under `$DAGSTER_HOME`)."""
 
-    url: str | None = Field(default=None, description="SQLAlchemy URL")
-
-    def engine(self) -> Engine:
-        engine = get_engine(self.url or settings.safe_database_url())
-        ensure_schema(engine, "safe")
-        return engine
+    _schema: ClassVar[Database] = "safe"
+    _default_url: ClassVar[Callable[[], str]] = staticmethod(settings.safe_database_url)
 
 
 class KubernetesResource(ConfigurableResource):

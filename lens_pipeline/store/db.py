@@ -18,7 +18,10 @@ from sqlalchemy.engine import make_url
 
 _ENGINES: dict[str, Engine] = {}
 # JSON columns (labels, snapshots) through orjson: several times faster both ways than `json`.
-JSON_CODEC = {"json_serializer": lambda value: orjson.dumps(value).decode(), "json_deserializer": orjson.loads}
+JSON_CODEC = {
+    "json_serializer": lambda value: orjson.dumps(value).decode(),
+    "json_deserializer": orjson.loads,
+}
 _LOCK = threading.Lock()
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 

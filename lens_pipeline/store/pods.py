@@ -25,6 +25,26 @@ def latest_versions(conn: Connection, table: Any, cluster_name: str, uid_column:
     return {row[0]: row[1] for row in conn.execute(query)}
 
 
+def insert_new_snapshots(
+    conn: Connection,
+    table: Any,
+    cluster_name: str,
+    uid_column: str,
+    snapshots: Sequence[Row],
+    *,
+    now: datetime,
+) -> list[Row]:
+    """Insert the snapshots whose resourceVersion is newer than the object's last stored one."""
+    known = latest_versions(conn, table, cluster_name, uid_column)
+    fresh = [
+        {"cluster_name": cluster_name, **s, "created_at": now}
+        for s in snapshots
+        if s["resource_version"] > known.get(s[uid_column], -1)
+    ]
+    bulk_upsert(conn, table, fresh, update_columns=[])
+    return fresh
+
+
 def write_pods(
     conn: Connection,
     cluster_name: str,
@@ -65,13 +85,7 @@ def write_pods(
         vanish_filter=lambda stored: stored["end_at"] is None,
         protect=protect,
     )
-    known = latest_versions(conn, pod_snapshot, cluster_name, "pod_uid")
-    new_snapshots = [
-        {**scope, **s, "created_at": now}
-        for s in snapshots
-        if s["resource_version"] > known.get(s["pod_uid"], -1)
-    ]
-    bulk_upsert(conn, pod_snapshot, new_snapshots, update_columns=[])
+    new_snapshots = insert_new_snapshots(conn, pod_snapshot, cluster_name, "pod_uid", snapshots, now=now)
     events = [{**scope, **e} for s in new_snapshots for e in events_of(s["pod_uid"])]
     bulk_upsert(conn, gpu_pods_event, events, update_columns=[])
     return {

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from lens_pipeline.store.pods import latest_versions
+from lens_pipeline.store.pods import insert_new_snapshots
 from lens_pipeline.store.schema import gpu_workload, gpu_workload_snapshot, workload_pod_reference
 from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
 
@@ -81,13 +81,7 @@ def write_workloads(
         [{**scope, "workload_uid": w, "pod_uid": p, "created_at": now} for w, p in new_pairs],
         update_columns=[],
     )
-    known_versions = latest_versions(conn, gpu_workload_snapshot, cluster_name, "uid")
-    new_snapshots = [
-        {**scope, **s, "created_at": now}
-        for s in snapshots
-        if s["resource_version"] > known_versions.get(s["uid"], -1)
-    ]
-    bulk_upsert(conn, gpu_workload_snapshot, new_snapshots, update_columns=[])
+    new_snapshots = insert_new_snapshots(conn, gpu_workload_snapshot, cluster_name, "uid", snapshots, now=now)
     return {
         "gpu_workload": result,
         "workload_pod_reference": len(new_pairs),

@@ -19,6 +19,7 @@ from kubernetes import client, config
 from prometheus_api_client import PrometheusConnect
 
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer, promql, write_registry
+from lens_pipeline_tests.sim.support import http
 
 SEED = 11
 
@@ -50,25 +51,7 @@ def _core(registry: Path, name: str) -> client.CoreV1Api:
     return client.CoreV1Api(api)
 
 
-def _http(url: str, token: str | None = None, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(
-        url, data=data, headers=headers, method="POST" if body is not None else "GET"
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            raw = response.read()
-            status = response.status
-    except urllib.error.HTTPError as error:
-        raw, status = error.read(), error.code
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode()
+_http = http  # the one request helper of the simulator tests
 
 
 def _page_all(list_page: Any, **kwargs: Any) -> tuple[list[str], int]:
