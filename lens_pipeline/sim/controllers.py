@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lens_pipeline.sim.kubeobjects import ContainerPlan, Owner, container_spec, object_metadata, rfc3339
+from lens_pipeline.sim.kubeobjects import ContainerPlan, Owner, container_specs, object_metadata, rfc3339
 from lens_pipeline.sim.state import PodRecord
 from lens_pipeline.sim.vendors import SimVendor
 
@@ -28,18 +28,7 @@ def pod_template(
     return {
         "metadata": {"labels": dict(labels)},
         "spec": {
-            "containers": [
-                container_spec(
-                    c.name,
-                    image,
-                    vendor.resource,
-                    c.gpus,
-                    max(2, c.gpus * 12),
-                    max(4, c.gpus * 128),
-                    c.gpus_in_limits_only,
-                )
-                for c in containers
-            ],
+            "containers": container_specs(containers, image, vendor.resource),
             "restartPolicy": restart_policy,
         },
     }

@@ -299,6 +299,16 @@ def _container_status(
     return status
 
 
+def container_specs(containers: Sequence[ContainerPlan], image: str, resource: str) -> list[dict[str, Any]]:
+    """The containers of a pod (or pod template) as planned: CPU and memory sized by their GPUs."""
+    return [
+        container_spec(
+            c.name, image, resource, c.gpus, max(2, c.gpus * 12), max(4, c.gpus * 128), c.gpus_in_limits_only
+        )
+        for c in containers
+    ]
+
+
 def container_spec(
     name: str,
     image: str,
@@ -398,18 +408,7 @@ def pod_object(
     uses_gpus = any(c.gpus for c in containers) or init_gpus > 0
     spec: dict[str, Any] = {
         "volumes": list(volumes),
-        "containers": [
-            container_spec(
-                c.name,
-                image,
-                resource,
-                c.gpus,
-                max(2, c.gpus * 12),
-                max(4, c.gpus * 128),
-                c.gpus_in_limits_only,
-            )
-            for c in containers
-        ],
+        "containers": container_specs(containers, image, resource),
         "restartPolicy": restart_policy,
         "terminationGracePeriodSeconds": 30,
         "dnsPolicy": "ClusterFirst",
