@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
@@ -20,6 +23,12 @@ class PromError(RuntimeError):
 class Sample:
     labels: dict[str, str]
     value: float
+
+
+@dataclass(frozen=True)
+class Series:
+    labels: dict[str, str]
+    points: list[tuple[float, float]]
 
 
 @dataclass
@@ -46,17 +55,20 @@ class PromReader:
             )
         return self._client
 
-    def vector(self, query: str) -> list[Sample]:
-        """The samples of an instant query; NaN and infinite values are dropped."""
+    def _ask(self, query: str, call: Callable[[], Any]) -> Any:
         self.queries += 1
         try:
-            result = self.client.custom_query(query)
+            return call()
         except PrometheusApiClientException as exc:
             raise PromError(self.cluster, query, str(exc)[:300]) from None
         except requests.RequestException as exc:
             raise PromError(self.cluster, query, _request_failure(exc)) from None
         except ValueError as exc:  # a 200 whose body is not the JSON Prometheus answers with
             raise PromError(self.cluster, query, f"malformed response: {exc}") from None
+
+    def vector(self, query: str) -> list[Sample]:
+        """The samples of an instant query; NaN and infinite values are dropped."""
+        result = self._ask(query, lambda: self.client.custom_query(query))
         samples = []
         for series in result or []:
             try:
@@ -67,6 +79,25 @@ class PromReader:
             if math.isfinite(value):
                 samples.append(Sample(labels, value))
         return samples
+
+    def matrix(self, query: str, start: datetime, end: datetime, step_seconds: float) -> list[Series]:
+        """The series of a range query, each with its (unix time, value) points; NaN and infinite
+        values are dropped (spec §4.8)."""
+        result = self._ask(
+            query,
+            lambda: self.client.custom_query_range(
+                query, start_time=start, end_time=end, step=f"{step_seconds:g}"
+            ),
+        )
+        out = []
+        for series in result or []:
+            try:
+                labels = dict(series.get("metric") or {})
+                points = [(float(t), float(v)) for t, v in series["values"]]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise PromError(self.cluster, query, f"malformed series {series!r:.200}: {exc}") from None
+            out.append(Series(labels, [(t, v) for t, v in points if math.isfinite(v)]))
+        return out
 
 
 def _request_failure(exc: requests.RequestException) -> str:

@@ -147,6 +147,16 @@ def scrape(cluster: SimCluster) -> dict[Target, list[Sample]]:
     }
 
 
+def counter_rates(cluster: SimCluster) -> dict[Target, list[Sample]]:
+    """Every counter of the cluster with its steady per-second rate: what `rate()` over it answers."""
+    cached = cluster.memo("exporter_targets", lambda: _build(cluster))
+    return {
+        target: [sample for sample in samples if sample[0] in COUNTERS]
+        for target, samples in cached.items()
+        if target.job in COUNTING_JOBS
+    }
+
+
 def _build(cluster: SimCluster) -> dict[Target, list[Sample]]:
     vendor = cluster.profile
     targets: dict[Target, list[Sample]] = {}

@@ -34,6 +34,11 @@ def query_series(cluster: SimCluster) -> list[promql.Series]:
     return steady + _series({t: v for t, v in targets.items() if t.job in exporters.COUNTING_JOBS})
 
 
+def counter_series(cluster: SimCluster) -> list[promql.Series]:
+    """The counters among `query_series` with their per-second rates as values, for `rate()`."""
+    return cluster.memo("prometheus_rates", lambda: _series(exporters.counter_rates(cluster)))
+
+
 def _series(targets: dict[exporters.Target, list[exporters.Sample]]) -> list[promql.Series]:
     series: list[promql.Series] = []
     for target, samples in targets.items():
@@ -93,7 +98,7 @@ def _instant_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
         return _error(400, 'invalid parameter "query": query must not be empty')
     try:
         at = _parse_time((form.get("time") or [None])[-1], cluster.now())
-        result = promql.evaluate(query, query_series(cluster))
+        result = promql.evaluate(query, query_series(cluster), counter_series(cluster))
     except promql.PromQLError as exc:
         return _error(400, f'invalid parameter "query": {exc}')
     except ValueError as exc:
@@ -124,7 +129,7 @@ def _range_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
         step = float((form.get("step") or ["60"])[-1])
         if not query or step <= 0 or end < start or (end - start) / step > 11_000:
             raise ValueError("query_range needs a query, 0 < step, start <= end and at most 11,000 points")
-        result = promql.evaluate(query, query_series(cluster))
+        result = promql.evaluate(query, query_series(cluster), counter_series(cluster))
     except promql.PromQLError as exc:
         return _error(400, f'invalid parameter "query": {exc}')
     except ValueError as exc:

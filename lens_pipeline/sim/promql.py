@@ -1,5 +1,9 @@
-"""A tiny PromQL evaluator over instant samples: vector selectors with `=`, `!=`, `=~`, `!~` matchers
-and `sum|avg|max|min|count` aggregations with `by`/`without`, enough for the queries the pipeline makes."""
+"""A tiny PromQL evaluator over instant samples: vector selectors with `=`, `!=`, `=~`, `!~` matchers,
+`sum|avg|max|min|count` aggregations with `by`/`without`, `rate`/`irate` of a range selector, and a
+comparison with a number as a filter: enough for the queries the pipeline makes.
+
+The simulator keeps no history: counters grow at a steady rate, so `rate(x[d])` is that rate
+whatever `d` is. Callers pass the per-second rates of counters beside the instant samples."""
 
 from __future__ import annotations
 
@@ -14,6 +18,15 @@ Labels = dict[str, str]
 Series = tuple[Labels, float]
 
 AGGREGATIONS = ("sum", "avg", "max", "min", "count")
+RATE_FUNCTIONS = ("rate", "irate")
+COMPARISONS = {
+    "<": lambda a, b: a < b,
+    ">": lambda a, b: a > b,
+    "<=": lambda a, b: a <= b,
+    ">=": lambda a, b: a >= b,
+    "==": lambda a, b: a == b,
+    "!=": lambda a, b: a != b,
+}
 
 
 class PromQLError(ValueError):
@@ -41,8 +54,44 @@ class Matcher:
 class Selector:
     matchers: tuple[Matcher, ...]
 
-    def evaluate(self, series: Iterable[Series]) -> list[Series]:
+    def evaluate(self, series: Iterable[Series], rates: Iterable[Series] = ()) -> list[Series]:
         return [(labels, value) for labels, value in series if all(m.matches(labels) for m in self.matchers)]
+
+
+@dataclass(frozen=True)
+class Rate:
+    """`rate(selector[range])` (and `irate`): the per-second rate of each matching counter, without
+    its metric name; a series with no counter behind it (a gauge that does not move) has rate 0."""
+
+    selector: Selector
+
+    def evaluate(self, series: Iterable[Series], rates: Iterable[Series] = ()) -> list[Series]:
+        moving = {_identity(labels): value for labels, value in self.selector.evaluate(rates)}
+        return [
+            ({k: v for k, v in labels.items() if k != "__name__"}, moving.get(_identity(labels), 0.0))
+            for labels, _ in self.selector.evaluate(series)
+        ]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """`expr <op> number`: keeps the samples for which the comparison holds, as Prometheus filters."""
+
+    inner: Expr
+    op: str
+    threshold: float
+
+    def evaluate(self, series: Iterable[Series], rates: Iterable[Series] = ()) -> list[Series]:
+        test = COMPARISONS[self.op]
+        return [
+            (labels, value)
+            for labels, value in self.inner.evaluate(series, rates)
+            if test(value, self.threshold)
+        ]
+
+
+def _identity(labels: Labels) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))
 
 
 @dataclass(frozen=True)
@@ -52,16 +101,16 @@ class Aggregation:
     without: bool
     inner: Expr
 
-    def evaluate(self, series: Iterable[Series]) -> list[Series]:
+    def evaluate(self, series: Iterable[Series], rates: Iterable[Series] = ()) -> list[Series]:
         groups: dict[tuple[Any, ...], list[float]] = {}
         if self.without:
             dropped = {*self.grouping, "__name__"}
-            for labels, value in self.inner.evaluate(series):
+            for labels, value in self.inner.evaluate(series, rates):
                 key = tuple(sorted((k, v) for k, v in labels.items() if k not in dropped))
                 groups.setdefault(key, []).append(value)
             return [(dict(key), _aggregate(self.op, values)) for key, values in groups.items()]
         names = sorted(self.grouping)
-        for labels, value in self.inner.evaluate(series):
+        for labels, value in self.inner.evaluate(series, rates):
             groups.setdefault(tuple(labels.get(name, "") for name in names), []).append(value)
         # Prometheus drops empty label values from the output label set.
         return [
@@ -70,7 +119,7 @@ class Aggregation:
         ]
 
 
-Expr = Selector | Aggregation
+Expr = Selector | Aggregation | Rate | Comparison
 
 
 def _aggregate(op: str, values: Sequence[float]) -> float:
@@ -90,7 +139,10 @@ def _aggregate(op: str, values: Sequence[float]) -> float:
 _TOKEN = re.compile(
     r"""\s*(?:
         (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|`[^`]*`)
+      | (?P<cmp><=|>=|==|<|>)
       | (?P<op>=~|!~|!=|=)
+      | (?P<range>\[[0-9]+[smhdwy]\])
+      | (?P<number>[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)
       | (?P<punct>[{}(),])
       | (?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)
     )""",
@@ -114,7 +166,7 @@ def _tokenize(query: str) -> list[tuple[str, str]]:
         if m is None:
             raise PromQLError(
                 f"unexpected character {query[position:].lstrip()[:1]!r} at position {position} "
-                f"(the simulator supports selectors and sum/avg/max/min/count only)"
+                f"(the simulator supports selectors, sum/avg/max/min/count, rate/irate and comparisons only)"
             )
         kind = m.lastgroup or ""
         tokens.append((kind, m.group(kind)))
@@ -151,7 +203,26 @@ class _Parser:
         return expr
 
     def expr(self) -> Expr:
+        inner = self.operand()
         token = self.peek()
+        if token is not None and (token[0] == "cmp" or token == ("op", "!=")):
+            self.position += 1
+            return Comparison(inner, token[1], float(self.take("number")))
+        return inner
+
+    def operand(self) -> Expr:
+        token = self.peek()
+        if (
+            token is not None
+            and token[0] == "ident"
+            and token[1] in RATE_FUNCTIONS
+            and self.peek(1) == ("punct", "(")
+        ):
+            self.position += 2
+            selector = self.selector()
+            self.take("range")
+            self.take("punct", ")")
+            return Rate(selector)
         if token is not None and token[0] == "ident" and token[1] in AGGREGATIONS:
             following = self.peek(1)
             if following is not None and (following[1] == "(" or following[1] in ("by", "without")):
@@ -214,9 +285,10 @@ def parse(query: str) -> Expr:
     return _Parser(query).parse()
 
 
-def evaluate(query: str, series: Iterable[Series]) -> list[Series]:
-    """Evaluate an instant query; results are sorted by label set so answers are deterministic."""
-    result = parse(query).evaluate(series)
+def evaluate(query: str, series: Iterable[Series], rates: Iterable[Series] = ()) -> list[Series]:
+    """Evaluate an instant query; results are sorted by label set so answers are deterministic.
+    `rates` are the per-second rates of the counters among `series`, for `rate` and `irate`."""
+    result = parse(query).evaluate(list(series), list(rates))
     return sorted(result, key=lambda item: sorted(item[0].items()))
 
 

@@ -344,7 +344,37 @@ def test_promql_evaluator(query: str, expected: list[tuple[dict[str, str], float
 
 
 @pytest.mark.parametrize(
-    "query", ["", "{}", 'm{node="a"', "sum by (node)", "m[5m]", "topk(3, m)", 'm{a=~"("}']
+    ("query", "expected"),
+    [
+        ("sum(rate(c_total[1m]))", [({}, 3.0)]),
+        ('irate(c_total{node="a"}[10s])', [({"node": "a"}, 2.0)]),
+        ("sum(rate(m[5m]))", [({}, 0.0)]),  # a gauge that does not move
+        ("count by (node) (m < 5)", [({"node": "a"}, 2.0)]),
+        (
+            "m >= 3",
+            [({"__name__": "m", "node": "a", "gpu": "1"}, 3.0), ({"__name__": "m", "node": "b"}, 10.0)],
+        ),
+        (
+            "m != 3",
+            [({"__name__": "m", "node": "a", "gpu": "0"}, 1.0), ({"__name__": "m", "node": "b"}, 10.0)],
+        ),
+    ],
+)
+def test_promql_rates_and_comparisons(query: str, expected: list[tuple[dict[str, str], float]]) -> None:
+    series = [
+        ({"__name__": "m", "node": "a", "gpu": "0"}, 1.0),
+        ({"__name__": "m", "node": "a", "gpu": "1"}, 3.0),
+        ({"__name__": "m", "node": "b"}, 10.0),
+        ({"__name__": "c_total", "node": "a"}, 7200.0),
+        ({"__name__": "c_total", "node": "b"}, 3600.0),
+    ]
+    rates = [({"__name__": "c_total", "node": "a"}, 2.0), ({"__name__": "c_total", "node": "b"}, 1.0)]
+    assert promql.evaluate(query, series, rates) == sorted(expected, key=lambda item: sorted(item[0].items()))
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["", "{}", 'm{node="a"', "sum by (node)", "m[5m]", "topk(3, m)", 'm{a=~"("}', "rate(m)", "m < n"],
 )
 def test_promql_rejects_what_it_does_not_support(query: str) -> None:
     with pytest.raises(promql.PromQLError):
