@@ -21,6 +21,9 @@ class VendorProfile:
     gpu_index_label: str
     serial_label: str  # exporter label identifying the card (serial number or UUID)
     model_label: str  # exporter label naming the model
+    # Exporter labels naming the pod (and its namespace) a GPU is allocated to.
+    pod_label: str = "pod"
+    namespace_label: str = "namespace"
     # Per-GPU figures of `gpu_device`: figure -> metric. Memory in MB; NVIDIA reports used and free.
     device_metrics: dict[str, str] = field(default_factory=dict)
 
@@ -35,6 +38,18 @@ class VendorProfile:
 
     def figure_query(self, figure: str) -> str:
         return f"max by ({self.node_label}, {self.gpu_index_label}) ({self.device_metrics[figure]})"
+
+    def utilization_sum_queries(self) -> tuple[str, str]:
+        """The sum and the count of every GPU's utilization: their ratio is the cluster's mean, and
+        clusters with GPUs of both vendors add up."""
+        return f"sum({self.util_metric})", f"count({self.util_metric})"
+
+    def pod_utilization_queries(self, idle_below: float) -> tuple[str, str, str]:
+        """Per pod (the exporters label a GPU with the pod holding it): the sum of its GPUs'
+        utilization, their count, and how many of them are under `idle_below` percent."""
+        held = f'{self.util_metric}{{{self.pod_label}!=""}}'
+        by = f"by ({self.namespace_label}, {self.pod_label})"
+        return f"sum {by} ({held})", f"count {by} ({held})", f"count {by} ({held} < {idle_below:g})"
 
 
 AMD = VendorProfile(
@@ -100,12 +115,21 @@ class NicProfile:
     firmware_label: str = "firmware_version"
     type_label: str = "hca_type"
     board_label: str = "board_id"
+    received_counter: str = "node_infiniband_port_data_received_bytes_total"
+    transmitted_counter: str = "node_infiniband_port_data_transmitted_bytes_total"
 
     def info_query(self) -> str:
         labels = ", ".join(
             (self.node_label, self.device_label, self.firmware_label, self.type_label, self.board_label)
         )
         return f"max by ({labels}) ({self.info_metric})"
+
+    def traffic_queries(self, window: str) -> tuple[str, str]:
+        """The fleet's RDMA bytes per second, received and transmitted: a rate of each port's counter
+        summed (the original's `rate(sum(...))` took the rate of a sum, wrong across resets)."""
+        return tuple(  # type: ignore[return-value]
+            f"sum(rate({counter}[{window}]))" for counter in (self.received_counter, self.transmitted_counter)
+        )
 
 
 INFINIBAND = NicProfile()

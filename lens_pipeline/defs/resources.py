@@ -95,6 +95,8 @@ class KubernetesResource(ConfigurableResource):
 
 class PrometheusResource(ConfigurableResource):
     timeout_seconds: float = 30.0
+    # Range of `rate()` over counters: at least twice the scrape interval.
+    rate_window: str = Field(default="1m", pattern=r"^[0-9]+[smh]$")
 
     def reader(self, cluster: ClusterConfig) -> PromReader | None:
         """None when the registry gives the cluster no Prometheus."""

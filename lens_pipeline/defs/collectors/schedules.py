@@ -18,15 +18,17 @@ from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
 from lens_pipeline.defs.collectors.storage_backends import storage_backends
+from lens_pipeline.defs.derived.assets import VIEWS
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, CLUSTER_TAG
 
 COLLECTORS = (gpu_nodes, gpu_pods, gpu_workloads, gpu_devices, storage_backends)
 
 collect_cluster_job = define_asset_job(
     "collect_cluster",
-    selection=AssetSelection.assets(*COLLECTORS),
+    selection=AssetSelection.assets(*COLLECTORS, *VIEWS),
     executor_def=in_process_executor,
-    description="Every collector of one cluster, in one process (startup costs seconds per run).",
+    description="Every collector of one cluster and everything derived from them, in one process "
+    "(startup costs seconds per run).",
 )
 
 

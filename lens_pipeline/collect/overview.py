@@ -1,0 +1,147 @@
+"""The cluster overview (spec §3) from the `node` rows and a handful of Prometheus figures: pure.
+
+The original's bugs are fixed here (docs/DIFFERENCES.md, O1-O5): a GPU node that is NotReady (or
+reports no GPUs) is faulty instead of vanishing from every count; a node is faulty for a taint
+only when the taint keeps pods off it; every healthy node lands in exactly one idle bucket; the
+allocation rate is over healthy nodes; storage and RDMA figures add up every volume and NIC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Taints that keep new pods off a node: a node carrying one is out of service (PreferNoSchedule is not).
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+NODE_COUNTS = (
+    "total_nodes",
+    "healthy_nodes",
+    "faulty_nodes",
+    "fully_idle_nodes",
+    "partially_idle_nodes",
+    "busy_nodes",
+)
+STORAGE_FIGURES = (
+    "storage_total_space",
+    "storage_used_space",
+    "storage_usage_percentage",
+    "storage_total_inodes",
+    "storage_used_inodes",
+    "storage_inodes_usage_percentage",
+    "storage_read_bandwidth",
+    "storage_write_bandwidth",
+)
+RDMA_FIGURES = ("rdma_total_tx", "rdma_total_rx")
+OVERVIEW_FIGURES = (*NODE_COUNTS, "allocation_rate", "utilization", *STORAGE_FIGURES, *RDMA_FIGURES)
+
+
+def is_faulty(node: Mapping[str, Any]) -> bool:
+    """A GPU node is faulty when it is not Ready, reports no GPUs, or carries a blocking taint."""
+    if node.get("status") != "Ready" or not node.get("gpu_count"):
+        return True
+    taints = (node.get("taints") or {}).get("taints") or []
+    return any(isinstance(t, Mapping) and t.get("effect") in BLOCKING_EFFECTS for t in taints)
+
+
+def node_figures(nodes: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Node counts, idle buckets and the allocation rate (0-100) of one cluster's `node` rows."""
+    counts = dict.fromkeys(NODE_COUNTS, 0)
+    capacity = allocated = 0
+    for node in nodes:
+        counts["total_nodes"] += 1
+        if is_faulty(node):
+            counts["faulty_nodes"] += 1
+            continue
+        counts["healthy_nodes"] += 1
+        gpus, used = int(node["gpu_count"]), int(node.get("gpu_allocation") or 0)
+        capacity, allocated = capacity + gpus, allocated + used
+        bucket = "fully_idle_nodes" if used == 0 else "busy_nodes" if used >= gpus else "partially_idle_nodes"
+        counts[bucket] += 1
+    return {**counts, "allocation_rate": 100.0 * allocated / capacity if capacity else 0.0}
+
+
+def weighted_utilization(nodes: Iterable[Mapping[str, Any]]) -> float:
+    """The mean GPU utilization of the stored nodes, weighted by their GPUs: the live path's stand-in
+    for `avg(<utilization metric>)` when Prometheus is not asked."""
+    total = weight = 0.0
+    for node in nodes:
+        if node.get("gpu_utilization") is None or not node.get("gpu_count"):
+            continue
+        total += float(node["gpu_utilization"]) * node["gpu_count"]
+        weight += node["gpu_count"]
+    return total / weight if weight else 0.0
+
+
+@dataclass(frozen=True)
+class StorageVolume:
+    """One JuiceFS volume's figures from Prometheus: bytes, inodes, bytes per second."""
+
+    total_space: float = 0.0
+    used_space: float = 0.0
+    total_inodes: float = 0.0
+    used_inodes: float = 0.0
+    read_bandwidth: float = 0.0
+    write_bandwidth: float = 0.0
+
+
+def storage_figures(volumes: Iterable[StorageVolume]) -> dict[str, float]:
+    """Every volume added up (the original took the newest `storage` row only)."""
+    volumes = list(volumes)
+    space, used = sum(v.total_space for v in volumes), sum(v.used_space for v in volumes)
+    inodes, used_inodes = sum(v.total_inodes for v in volumes), sum(v.used_inodes for v in volumes)
+    return {
+        "storage_total_space": space,
+        "storage_used_space": used,
+        "storage_usage_percentage": 100.0 * used / space if space else 0.0,
+        "storage_total_inodes": inodes,
+        "storage_used_inodes": used_inodes,
+        "storage_inodes_usage_percentage": 100.0 * used_inodes / inodes if inodes else 0.0,
+        "storage_read_bandwidth": sum(v.read_bandwidth for v in volumes),
+        "storage_write_bandwidth": sum(v.write_bandwidth for v in volumes),
+    }
+
+
+def overview_row(
+    nodes: Iterable[Mapping[str, Any]],
+    *,
+    utilization: float,
+    storage: Mapping[str, float] | None = None,
+    rdma: tuple[float, float] = (0.0, 0.0),
+) -> dict[str, float]:
+    """One `cluster_overview_cache` row's figures (no cluster name, no times)."""
+    rx, tx = rdma
+    return {
+        **node_figures(nodes),
+        "utilization": utilization,
+        **(storage if storage is not None else storage_figures(())),
+        "rdma_total_rx": rx,
+        "rdma_total_tx": tx,
+    }
+
+
+def api_overview(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored overview as the original's `GpuClusterOverview` JSON: storage and RDMA figures in
+    snake_case without their prefixes, node counts in camelCase (spec §3, quirk §10.12 kept for
+    wire compatibility)."""
+    return {
+        "total_space": row["storage_total_space"],
+        "used_space": row["storage_used_space"],
+        "usage_percentage": row["storage_usage_percentage"],
+        "total_inodes": row["storage_total_inodes"],
+        "used_inodes": row["storage_used_inodes"],
+        "inodes_usage_percentage": row["storage_inodes_usage_percentage"],
+        "read_bandwidth": row["storage_read_bandwidth"],
+        "write_bandwidth": row["storage_write_bandwidth"],
+        "total_tx": row["rdma_total_tx"],
+        "total_rx": row["rdma_total_rx"],
+        "totalNodes": row["total_nodes"],
+        "healthyNodes": row["healthy_nodes"],
+        "faultyNodes": row["faulty_nodes"],
+        "fullyIdleNodes": row["fully_idle_nodes"],
+        "partiallyIdleNodes": row["partially_idle_nodes"],
+        "busyNodes": row["busy_nodes"],
+        "allocationRate": row["allocation_rate"],
+        "utilization": row["utilization"],
+    }

@@ -1,0 +1,168 @@
+"""Workload GPU statistics (spec §4.8), pure: per-pod utilization series rolled up to workloads, and
+the incremental figures of a `workload_statistic` row (sample count and sum, min, max, a ten-bucket
+histogram and the percentiles read from it), plus the allocated and idle GPU-seconds.
+
+The exporters label each allocated GPU with the pod (and namespace) holding it, so a query grouped
+by pod gives, at each step, the sum of the pod's GPUs' utilization, how many GPUs it holds and how
+many of those sit under the idle threshold. A workload's utilization at a step is the mean over all
+GPUs of its running pods, so a workload of many pods weighs every GPU once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+BUCKET_WIDTH = 10.0
+BUCKETS = 10
+PodKey = tuple[str, str]  # (namespace, pod name)
+
+
+@dataclass
+class PodSeries:
+    """One pod's GPUs at each step (unix time): utilization sum, GPU count, GPUs under the threshold."""
+
+    sums: dict[float, float] = field(default_factory=dict)
+    counts: dict[float, float] = field(default_factory=dict)
+    idle: dict[float, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Step:
+    time: float  # unix seconds
+    utilization: float  # mean over the GPUs held
+    gpus: float  # GPUs held
+    idle_gpus: float  # of which under the idle threshold
+
+
+@dataclass(frozen=True)
+class Window:
+    """A workload's new steps, each `step_seconds` long."""
+
+    steps: list[Step]
+    step_seconds: float
+
+    @property
+    def utilization(self) -> list[float]:
+        return [s.utilization for s in self.steps]
+
+    @property
+    def allocated_gpu_seconds(self) -> float:
+        return sum(s.gpus for s in self.steps) * self.step_seconds
+
+    @property
+    def idle_gpu_seconds(self) -> float:
+        return sum(s.idle_gpus for s in self.steps) * self.step_seconds
+
+    def by_hour(self) -> dict[float, Window]:
+        """The steps split by the UTC hour they fall in (unix seconds of the hour's start)."""
+        hours: dict[float, list[Step]] = {}
+        for step in self.steps:
+            hours.setdefault(step.time - step.time % 3600, []).append(step)
+        return {hour: Window(steps, self.step_seconds) for hour, steps in hours.items()}
+
+
+def workload_window(pods: Iterable[PodSeries], step_seconds: float) -> Window:
+    """Roll the series of a workload's pods up to the workload: at each step, the mean utilization
+    over every GPU its pods hold."""
+    sums: dict[float, float] = {}
+    counts: dict[float, float] = {}
+    idle: dict[float, float] = {}
+    for pod in pods:
+        for into, series in ((sums, pod.sums), (counts, pod.counts), (idle, pod.idle)):
+            for t, value in series.items():
+                into[t] = into.get(t, 0.0) + value
+    steps = [
+        Step(t, sums.get(t, 0.0) / counts[t], counts[t], idle.get(t, 0.0))
+        for t in sorted(counts)
+        if counts[t] > 0
+    ]
+    return Window(steps, step_seconds)
+
+
+def instant_utilization(pods: Iterable[tuple[float, float]]) -> float | None:
+    """A workload's utilization now from its pods' (sum, count); None when no GPU reports."""
+    total = count = 0.0
+    for pod_sum, pod_count in pods:
+        total, count = total + pod_sum, count + pod_count
+    return total / count if count else None
+
+
+def empty_histogram() -> dict[str, list[dict[str, float]]]:
+    return {
+        "buckets": [
+            {"lower": i * BUCKET_WIDTH, "upper": (i + 1) * BUCKET_WIDTH, "count": 0} for i in range(BUCKETS)
+        ]
+    }
+
+
+def add_to_histogram(histogram: Mapping[str, Any] | None, values: Iterable[float]) -> dict[str, Any]:
+    """A new histogram with `values` added: clamped to [0, 100], 100 in the last bucket."""
+    buckets = [dict(b) for b in (histogram or {}).get("buckets") or []]
+    if len(buckets) != BUCKETS:
+        buckets = empty_histogram()["buckets"]
+    for value in values:
+        clamped = min(max(value, 0.0), 100.0)
+        buckets[min(int(clamped // BUCKET_WIDTH), BUCKETS - 1)]["count"] += 1
+    return {"buckets": buckets}
+
+
+def percentile(histogram: Mapping[str, Any], p: float) -> float:
+    """The p-th percentile read from the histogram: linear inside the bucket where the cumulative
+    count reaches ceil(total * p / 100); a single sample is its bucket's midpoint."""
+    buckets = histogram["buckets"]
+    total = sum(b["count"] for b in buckets)
+    if total == 0:
+        return 0.0
+    if total == 1:
+        only = next(b for b in buckets if b["count"])
+        return (only["lower"] + only["upper"]) / 2
+    target = max(1, math.ceil(total * p / 100))
+    cumulative = 0
+    for bucket in buckets:
+        if bucket["count"] and cumulative + bucket["count"] >= target:
+            inside = (target - cumulative) / bucket["count"]
+            return bucket["lower"] + inside * (bucket["upper"] - bucket["lower"])
+        cumulative += bucket["count"]
+    return buckets[-1]["upper"]
+
+
+STATISTIC_COLUMN = "{}_gpu_utilization"  # Lens `workload_statistic`
+HOURLY_COLUMN = "{}_utilization"  # `workload_gpu_hourly_stats`
+FIGURES = ("avg", "min", "max", "p50", "p90", "p95")
+
+
+def accumulate(
+    stored: Mapping[str, Any] | None, window: Window, column: str = STATISTIC_COLUMN
+) -> dict[str, Any]:
+    """A row's figures after adding a window to what is stored; `column` names the utilization
+    figures (`avg` -> `avg_gpu_utilization`)."""
+    previous = stored or {}
+    count = int(previous.get("sample_count") or 0)
+    values: Sequence[float] = window.utilization
+    histogram = add_to_histogram(previous.get("histogram"), values)
+    new_count = count + len(values)
+    new_total = float(previous.get("total_sum") or 0.0) + math.fsum(values)
+    figures = dict.fromkeys(FIGURES, 0.0)
+    if new_count:
+        low, high = min(values, default=math.inf), max(values, default=-math.inf)
+        if count:
+            low = min(low, float(previous[column.format("min")]))
+            high = max(high, float(previous[column.format("max")]))
+        figures = {
+            "avg": new_total / new_count,
+            "min": low,
+            "max": high,
+            **{f"p{p}": percentile(histogram, p) for p in (50, 90, 95)},
+        }
+    return {
+        "sample_count": new_count,
+        "total_sum": new_total,
+        "histogram": histogram,
+        "allocated_gpu_seconds": float(previous.get("allocated_gpu_seconds") or 0.0)
+        + window.allocated_gpu_seconds,
+        "idle_gpu_seconds": float(previous.get("idle_gpu_seconds") or 0.0) + window.idle_gpu_seconds,
+        **{column.format(name): value for name, value in figures.items()},
+    }

@@ -1,0 +1,321 @@
+"""`workload_gpu_statistics`: each running workload's GPU utilization over time (Lens
+`workload_statistic`, spec §1.17, §4.8) and per hour (`workload_gpu_hourly_stats`), with the
+GPU-seconds it held and held idle; then `gpu_consumers` (spec §4.2), one row per running top-level
+workload, what the consumer metrics are served from.
+
+Utilization comes from the exporters' per-GPU series, which name the pod holding each GPU: three
+range queries grouped by pod over the window since the last run (sum, count, count under the idle
+threshold) and two instant ones, whatever the number of workloads. Pods roll up to every workload
+above them through `workload_pod_reference`.
+"""
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue
+from pydantic import Field
+
+from lens_pipeline.collect.statistics import (
+    HOURLY_COLUMN,
+    PodKey,
+    PodSeries,
+    Window,
+    accumulate,
+    instant_utilization,
+    workload_window,
+)
+from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
+from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
+from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
+from lens_pipeline.defs.derived.common import check, cluster_view
+from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
+from lens_pipeline.prom.reader import PromError, PromReader
+from lens_pipeline.store.db import write_transaction
+from lens_pipeline.store.statistics import (
+    ACTIVE,
+    active_workloads,
+    ended_workload_status,
+    running_pods_by_workload,
+    statistics_cursor,
+    stored_hours,
+    stored_statistics,
+    write_consumers,
+    write_statistics,
+)
+from lens_pipeline.vendors import profiles_for
+
+
+class StatisticsConfig(Config):
+    step_seconds: int = Field(
+        default=30, ge=1, description="resolution of the utilization series (§4.8: 30 s)"
+    )
+    idle_threshold_percent: float = Field(
+        default=5.0, ge=0, le=100, description="a held GPU under this utilization counts as idle"
+    )
+    first_window_minutes: int = Field(
+        default=10, ge=1, description="how far back the first run of a cluster reads (later runs continue)"
+    )
+
+
+def _utc(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def read_pod_series(
+    prom: PromReader, vendor: str, start: datetime, end: datetime, step: float, idle_below: float
+) -> dict[PodKey, PodSeries]:
+    """Every pod's GPUs over the window, from three range queries per vendor."""
+    pods: dict[PodKey, PodSeries] = {}
+    for profile in profiles_for(vendor):
+        for query, attribute in zip(
+            profile.pod_utilization_queries(idle_below), ("sums", "counts", "idle"), strict=True
+        ):
+            for series in prom.matrix(query, start, end, step):
+                key = (
+                    series.labels.get(profile.namespace_label, ""),
+                    series.labels.get(profile.pod_label, ""),
+                )
+                into = getattr(pods.setdefault(key, PodSeries()), attribute)
+                for t, value in series.points:
+                    into[t] = into.get(t, 0.0) + value
+    return pods
+
+
+def read_pod_now(prom: PromReader, vendor: str) -> dict[PodKey, tuple[float, float]]:
+    """Every pod's (utilization sum, GPU count) now."""
+    now: dict[PodKey, list[float]] = {}
+    for profile in profiles_for(vendor):
+        sum_query, count_query, _ = profile.pod_utilization_queries(0)
+        for index, query in enumerate((sum_query, count_query)):
+            for sample in prom.vector(query):
+                key = (
+                    sample.labels.get(profile.namespace_label, ""),
+                    sample.labels.get(profile.pod_label, ""),
+                )
+                now.setdefault(key, [0.0, 0.0])[index] += sample.value
+    return {key: (s, c) for key, (s, c) in now.items()}
+
+
+@cluster_view(
+    description="GPU utilization of every running workload (Lens `workload_statistic`, and per hour "
+    "`workload_gpu_hourly_stats`): avg/p50/p90/p95/min/max/instant, GPU-seconds held and held idle.",
+    deps=[gpu_pods, gpu_workloads],
+    kinds=frozenset({"prometheus", "sql"}),
+    checks={
+        "utilization_within_bounds": "Every figure is a percentage between 0 and 100.",
+        "idle_within_allocated": "No workload has more idle GPU-seconds than GPU-seconds held.",
+        "prometheus_fresh": "Prometheus answered this run.",
+    },
+)
+def workload_gpu_statistics(
+    context: AssetExecutionContext,
+    config: StatisticsConfig,
+    registry: ClusterRegistryResource,
+    prometheus: PrometheusResource,
+    lens_db: LensDatabase,
+) -> MaterializeResult:
+    started = now = datetime.now(UTC)
+    cluster = registry.cluster(context.partition_key)
+    engine = lens_db.engine()
+    step = float(config.step_seconds)
+    with engine.connect() as conn:
+        workloads = active_workloads(conn, cluster.name)
+        pods_of = running_pods_by_workload(conn, cluster.name)
+        stored = stored_statistics(conn, cluster.name)
+        cursor = statistics_cursor(conn, cluster.name)
+
+    # The window continues where the last run stopped, on multiples of the step, so no point is
+    # read twice or skipped; a long pause is read from `first_window_minutes` back only.
+    floor = (now - timedelta(minutes=config.first_window_minutes)).timestamp()
+    first = math.floor(max(cursor.timestamp() if cursor else floor, floor) / step) * step + step
+    last = math.floor(now.timestamp() / step) * step
+    prom = prometheus.reader(cluster)
+    prom_error = "no prometheus_url in the registry" if prom is None else None
+    series: dict[PodKey, PodSeries] = {}
+    current: dict[PodKey, tuple[float, float]] = {}
+    if prom is not None:
+        try:
+            if last >= first:
+                series = read_pod_series(
+                    prom, cluster.vendor, _utc(first), _utc(last), step, config.idle_threshold_percent
+                )
+            current = read_pod_now(prom, cluster.vendor)
+        except PromError as exc:
+            context.log.warning(f"{exc}; statistics keep their stored figures this run")
+            prom_error = str(exc)
+    queried = prom_error is None and last >= first
+
+    rows, windows = [], {}
+    for workload in workloads:
+        uid, previous = workload["uid"], stored.get(workload["uid"])
+        pods = [(p["namespace"], p["name"]) for p in pods_of.get(uid, [])]
+        window = (
+            workload_window((series[p] for p in pods if p in series), step) if queried else Window([], step)
+        )
+        windows[uid] = window
+        instant = instant_utilization(current[p] for p in pods if p in current)
+        figures = accumulate(previous, window)
+        began = (
+            previous["stat_start_time"] if previous else _utc(window.steps[0].time if window.steps else first)
+        )
+        rows.append(
+            {
+                "cluster_name": cluster.name,
+                "uid": uid,
+                "namespace": workload["namespace"] or "",
+                "workload_name": workload["name"] or "",
+                "workload_type": workload["kind"] or "",
+                "instant_gpu_utilization": instant if instant is not None else 0.0,
+                **figures,
+                "stat_start_time": began,
+                "stat_end_time": _utc(last) if queried else (previous or {}).get("stat_end_time", now),
+                "allocated_gpu_count": float(workload["gpu_request"] or 0),
+                "workload_status": workload["status"],
+                "labels": workload["labels"] or {},
+                "annotations": workload["annotations"] or {},
+                "created_at": now,
+                "updated_at": now,
+                "last_query_time": _utc(last) if queried else (previous or {}).get("last_query_time"),
+            }
+        )
+    # Rows of workloads that ended since: their final status, no more points.
+    active = {w["uid"] for w in workloads}
+    ended = [uid for uid, row in stored.items() if uid not in active and row["workload_status"] in ACTIVE]
+    with engine.connect() as conn:
+        finals = ended_workload_status(conn, cluster.name, ended)
+        touched_hours = {_utc(s.time - s.time % 3600) for w in windows.values() for s in w.steps}
+        hours = stored_hours(conn, cluster.name, min(touched_hours)) if touched_hours else {}
+    for uid in ended:
+        final = finals.get(uid, {"status": "Deleted", "end_at": None})
+        rows.append({**stored[uid], "workload_status": final["status"], "updated_at": now})
+        if final["end_at"] is not None:
+            rows[-1]["stat_end_time"] = final["end_at"]
+        rows[-1].pop("id")
+
+    hourly = []
+    by_uid = {w["uid"]: w for w in workloads}
+    for uid, window in windows.items():
+        for hour, part in window.by_hour().items():
+            hour_start = _utc(hour)
+            figures = accumulate(hours.get((uid, hour_start)), part, HOURLY_COLUMN)
+            workload = by_uid[uid]
+            hourly.append(
+                {
+                    "cluster_name": cluster.name,
+                    "workload_uid": uid,
+                    "namespace": workload["namespace"] or "",
+                    "workload_name": workload["name"] or "",
+                    "workload_type": workload["kind"] or "",
+                    "stat_hour": hour_start,
+                    "allocated_gpu_count": float(workload["gpu_request"] or 0),
+                    **figures,
+                    "workload_status": workload["status"],
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
+    with write_transaction(engine) as conn:
+        write_statistics(conn, rows, hourly)
+
+    figures_in_bounds = all(
+        0.0 <= row[f"{name}_gpu_utilization"] <= 100.0
+        for row in rows
+        for name in ("avg", "min", "max", "instant")
+    )
+    over_idle = [
+        r["workload_name"] for r in rows if r["idle_gpu_seconds"] > r["allocated_gpu_seconds"] + 1e-6
+    ]
+    return MaterializeResult(
+        metadata={
+            "cluster": cluster.name,
+            "dagster/row_count": len(rows),
+            "workloads": len(workloads),
+            "window_start": _utc(first).isoformat() if queried else "",
+            "window_end": _utc(last).isoformat() if queried else "",
+            "window_points": int((last - first) // step) + 1 if queried else 0,
+            "idle_gpu_seconds": MetadataValue.float(sum(w.idle_gpu_seconds for w in windows.values())),
+            "allocated_gpu_seconds": MetadataValue.float(
+                sum(w.allocated_gpu_seconds for w in windows.values())
+            ),
+            "prometheus_queries": prom.queries if prom is not None else 0,
+            "duration_seconds": round((datetime.now(UTC) - started).total_seconds(), 3),
+        },
+        check_results=[
+            check("utilization_within_bounds", figures_in_bounds),
+            check("idle_within_allocated", not over_idle, over=over_idle[:50]),
+            check("prometheus_fresh", prom_error is None, warn=True, error=prom_error or ""),
+        ],
+    )
+
+
+CONSUMER_COLUMNS = (
+    "kind",
+    "namespace",
+    "name",
+    "gpu_allocated",
+    "gpu_utilization",
+    "active_pods",
+    "idle_gpu_seconds",
+)
+
+
+@cluster_view(
+    description="GPU consumers: every running top-level workload with the GPUs its running pods hold, "
+    "their utilization and its idle GPU time (`gpu_consumers`, the `consumer_pod_*` metrics).",
+    deps=[workload_gpu_statistics],
+    checks={"allocated_within_cluster": "The consumers together hold no more GPUs than the running pods."},
+)
+def gpu_consumers(
+    context: AssetExecutionContext, registry: ClusterRegistryResource, lens_db: LensDatabase
+) -> MaterializeResult:
+    now = datetime.now(UTC)
+    cluster = registry.cluster(context.partition_key)
+    engine = lens_db.engine()
+    with engine.connect() as conn:
+        workloads = active_workloads(conn, cluster.name)
+        pods_of = running_pods_by_workload(conn, cluster.name)
+        stats = stored_statistics(conn, cluster.name)
+    rows: list[dict[str, Any]] = []
+    for workload in workloads:
+        if workload["parent_uid"] or workload["status"] != "Running":
+            continue
+        pods = pods_of.get(workload["uid"], [])
+        stat = stats.get(workload["uid"], {})
+        rows.append(
+            {
+                "uid": workload["uid"],
+                "group_version": workload["group_version"],
+                "kind": workload["kind"] or "",
+                "namespace": workload["namespace"] or "",
+                "name": workload["name"] or "",
+                "gpu_allocated": sum(p["gpu_allocated"] or 0 for p in pods),
+                "gpu_utilization": float(stat.get("instant_gpu_utilization") or 0.0),
+                "active_pods": len(pods),
+                "idle_gpu_seconds": float(stat.get("idle_gpu_seconds") or 0.0),
+                "source": workload["source"],
+            }
+        )
+    with write_transaction(engine) as conn:
+        result = write_consumers(conn, cluster.name, rows, now=now)
+    held = sum(r["gpu_allocated"] for r in rows)
+    running = {
+        (p["namespace"], p["name"]): p["gpu_allocated"] or 0 for pods in pods_of.values() for p in pods
+    }
+    return MaterializeResult(
+        metadata={
+            "cluster": cluster.name,
+            "dagster/row_count": len(rows),
+            "gpu_allocated": held,
+            "consumers": markdown_table(sorted(rows, key=lambda r: -r["gpu_allocated"]), CONSUMER_COLUMNS),
+            **sync_metadata(result),
+        },
+        check_results=[
+            check(
+                "allocated_within_cluster",
+                held <= sum(running.values()),
+                held=held,
+                running=sum(running.values()),
+            )
+        ],
+    )

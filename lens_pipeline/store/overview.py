@@ -1,0 +1,40 @@
+"""Reading what the overview is made of, and writing `cluster_overview_cache` (one row per cluster)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, select
+
+from lens_pipeline.store.schema import cluster_overview_cache, node, storage
+from lens_pipeline.store.upsert import bulk_upsert
+
+NODE_COLUMNS = ("name", "gpu_count", "gpu_allocation", "gpu_utilization", "status", "taints")
+
+
+def overview_nodes(conn: Connection, cluster_name: str) -> list[dict[str, Any]]:
+    """The cluster's `node` rows, with the columns the overview needs."""
+    query = select(*(node.c[c] for c in NODE_COLUMNS)).where(node.c.cluster_name == cluster_name)
+    return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def storage_volumes(conn: Connection, cluster_name: str, kind: str) -> list[str]:
+    """Names of the cluster's live storage backends of one kind (the JuiceFS volume names)."""
+    query = select(storage.c.name).where(
+        storage.c.cluster_name == cluster_name, storage.c.kind == kind, storage.c.deleted_at.is_(None)
+    )
+    return sorted(conn.scalars(query))
+
+
+def stored_overview(conn: Connection, cluster_name: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        select(cluster_overview_cache).where(cluster_overview_cache.c.cluster_name == cluster_name)
+    ).first()
+    return dict(row._mapping) if row is not None else None
+
+
+def write_overview(conn: Connection, cluster_name: str, figures: dict[str, float], *, now: datetime) -> None:
+    """Upsert the cluster's row; `created_at` stays the first computation's time."""
+    row = {"cluster_name": cluster_name, **figures, "created_at": now, "updated_at": now}
+    bulk_upsert(conn, cluster_overview_cache, [row])

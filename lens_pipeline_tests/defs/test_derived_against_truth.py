@@ -1,0 +1,191 @@
+"""The derived assets in the same Dagster run as the collectors, against the simulator's ground truth,
+through churn, on every dialect: the cached overview row, the GPU consumers, the workload GPU
+statistics (with idle GPU time) and both SaFE tables equal what the truth implies."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal
+
+import pytest
+from dagster import instance_for_test, materialize
+from sqlalchemy import select
+
+from lens_pipeline.collect.overview import OVERVIEW_FIGURES
+from lens_pipeline.defs import resources
+from lens_pipeline.defs.collectors.schedules import COLLECTORS
+from lens_pipeline.defs.derived.assets import VIEWS
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, SafeDatabase
+from lens_pipeline.sim.fleet import SimCluster, SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.migrate import ensure_schema
+from lens_pipeline.store.schema import (
+    cluster_overview_cache,
+    gpu_consumers,
+    node_statistic,
+    safe_workload_statistic,
+    workload_statistic,
+)
+from lens_pipeline_tests.defs.test_collectors_against_truth import table, truth
+
+IDLE_BELOW = 5.0
+STATISTICS = {"step_seconds": 1, "idle_threshold_percent": IDLE_BELOW, "first_window_minutes": 1}
+
+
+def run_cluster(cluster: str, registry, lens_url: str, safe_url: str, instance) -> None:
+    result = materialize(
+        [*COLLECTORS, *VIEWS],
+        partition_key=cluster,
+        instance=instance,
+        run_config={"ops": {"workload_gpu_statistics": {"config": STATISTICS}}},
+        resources={
+            **resources.defs.resources,
+            "registry": ClusterRegistryResource(clusters_file=str(registry)),
+            "lens_db": LensDatabase(url=lens_url),
+            "safe_db": SafeDatabase(url=safe_url),
+        },
+    )
+    assert result.success
+    for check in result.get_asset_check_evaluations():
+        assert check.passed, (check.asset_key, check.check_name, check.metadata)
+
+
+def gpus_by_pod(cluster: SimCluster) -> dict[tuple[str, str], list[float]]:
+    """Each pod's GPUs' utilization, as the exporters label them."""
+    pods: dict[tuple[str, str], list[float]] = {}
+    for _metric, labels, value in cluster.exporter_samples():
+        if labels.get("pod"):
+            pods.setdefault((labels["namespace"], labels["pod"]), []).append(value)
+    return pods
+
+
+def expected_consumers(want: dict, gpus: dict) -> dict[str, dict]:
+    running = {p["uid"]: p for p in want["pods"] if p["running"]}
+    out = {}
+    for w in want["workloads"]:
+        pods = [running[u] for u in w["pod_uids"] if u in running]
+        if w["parent_uid"] or w["status"] != "Running":
+            continue
+        held = [v for p in pods for v in gpus.get((p["namespace"], p["name"]), [])]
+        out[w["uid"]] = {
+            "gpu_allocated": sum(p["gpu_allocated"] for p in pods),
+            "active_pods": len(pods),
+            "gpu_utilization": sum(held) / len(held) if held else 0.0,
+        }
+    return out
+
+
+def workload_gpus(want: dict, gpus: dict) -> dict[str, list[float]]:
+    running = {p["uid"]: p for p in want["pods"] if p["running"]}
+    return {
+        w["uid"]: [v for u in w["pod_uids"] if u in running for v in gpus.get(_key(running[u]), [])]
+        for w in want["workloads"]
+        if w["status"] in ("Running", "Pending")
+    }
+
+
+def _key(pod: dict) -> tuple[str, str]:
+    return pod["namespace"], pod["name"]
+
+
+def safe_rows(url: str, t, **where) -> list[dict]:
+    with get_engine(url).connect() as conn:
+        query = select(t).where(*(t.c[k] == v for k, v in where.items()))
+        return [dict(r) for r in conn.execute(query).mappings()]
+
+
+@pytest.fixture
+def fleet_and_registry(tmp_path):
+    fleet = SimFleet.generate(clusters=2, nodes=14, seed=33, vendor="mixed")
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [c.name for c in fleet])
+        yield fleet, server, write_registry(tmp_path / "clusters.yaml", server), instance
+
+
+def test_derived_tables_equal_the_truth_through_churn(fleet_and_registry, db_urls):
+    fleet, server, registry, instance = fleet_and_registry
+    lens_url, safe_url = db_urls
+    ensure_schema(get_engine(lens_url), "lens")
+    # Per workload: the samples and GPU-seconds the test expects, accumulated run by run.
+    expected: dict[str, dict[str, dict]] = {c.name: {} for c in fleet}
+    idle_seen, safe_seen = 0.0, 0
+    for step in range(3):
+        if step:
+            fleet.churn(steps=3)
+        for cluster in fleet:
+            before = {r["uid"]: r for r in table(lens_url, workload_statistic, cluster.name)}
+            run_cluster(cluster.name, registry, lens_url, safe_url, instance)
+            want, gpus = truth(server, cluster.name), gpus_by_pod(cluster)
+
+            # The overview row is the truth's (Prometheus figures included).
+            (row,) = table(lens_url, cluster_overview_cache, cluster.name)
+            assert {f: row[f] for f in OVERVIEW_FIGURES} == pytest.approx(want["overview"], rel=1e-9)
+
+            # Consumers: running top-level workloads, no row for any other.
+            consumers = {r["uid"]: r for r in table(lens_url, gpu_consumers, cluster.name)}
+            wanted = expected_consumers(want, gpus)
+            assert consumers.keys() == wanted.keys()
+            for uid, figures in wanted.items():
+                assert {k: consumers[uid][k] for k in figures} == pytest.approx(figures), uid
+
+            # Workload statistics: this run's new points all carry the workload's current
+            # utilization; the running figures fold them in.
+            stats = {r["uid"]: r for r in table(lens_url, workload_statistic, cluster.name)}
+            for uid, held in workload_gpus(want, gpus).items():
+                row = stats[uid]
+                previous = before.get(uid, {"sample_count": 0})
+                new_points = row["sample_count"] - previous["sample_count"]
+                acc = expected[cluster.name].setdefault(
+                    uid, {"n": 0, "sum": 0.0, "min": None, "max": None, "held": 0.0, "idle": 0.0}
+                )
+                if held:
+                    assert new_points > 0, (step, uid)
+                    util = sum(held) / len(held)
+                    acc["n"] += new_points
+                    acc["sum"] += util * new_points
+                    acc["min"] = util if acc["min"] is None else min(acc["min"], util)
+                    acc["max"] = util if acc["max"] is None else max(acc["max"], util)
+                    acc["held"] += len(held) * new_points
+                    acc["idle"] += sum(v < IDLE_BELOW for v in held) * new_points
+                    assert row["instant_gpu_utilization"] == pytest.approx(util)
+                else:
+                    assert new_points == 0 and row["instant_gpu_utilization"] == 0
+                assert row["sample_count"] == acc["n"]
+                if acc["n"]:
+                    assert row["avg_gpu_utilization"] == pytest.approx(acc["sum"] / acc["n"])
+                    assert row["min_gpu_utilization"] == pytest.approx(acc["min"])
+                    assert row["max_gpu_utilization"] == pytest.approx(acc["max"])
+                    # Percentiles come from 10-wide buckets: within a bucket of the samples.
+                    for p in ("p50", "p90", "p95"):
+                        assert acc["min"] - 10 <= row[f"{p}_gpu_utilization"] <= acc["max"] + 10
+                assert row["allocated_gpu_seconds"] == pytest.approx(acc["held"])  # step is 1 s
+                assert row["idle_gpu_seconds"] == pytest.approx(acc["idle"])
+                idle_seen += acc["idle"]
+
+            # SaFE node statistic: every GPU node live, with its utilization; nodes gone, soft-deleted.
+            nodes = {r["node_name"]: r for r in safe_rows(safe_url, node_statistic, cluster=cluster.name)}
+            live = {n["name"]: n for n in want["nodes"] if n["gpu_count"] > 0}
+            assert {k for k, r in nodes.items() if r["deleted_at"] is None} == live.keys()
+            for name, n in live.items():
+                assert nodes[name]["gpu_utilization"] == Decimal(str(n["gpu_utilization"])).quantize(
+                    Decimal("0.01"), rounding=ROUND_HALF_UP
+                )
+
+            # SaFE workload statistic: each running SaFE Workload with samples, by its name.
+            for w in want["workloads"]:
+                if w["kind"] != "Workload" or w["status"] not in ("Running", "Pending"):
+                    continue
+                acc = expected[cluster.name].get(w["uid"], {"n": 0})
+                rows = safe_rows(safe_url, safe_workload_statistic, workload_id=w["name"])
+                if not acc["n"]:
+                    continue
+                (safe,) = rows
+                safe_seen += 1
+                assert safe["statistic_type"] == "3h" and safe["workload_uid"] == w["uid"]
+                assert safe["data_points_count"] == acc["n"]
+                assert float(safe["avg_gpu_usage_3h"]) == pytest.approx(acc["sum"] / acc["n"], abs=0.006)
+                assert float(safe["max_gpu_usage_3h"]) == pytest.approx(acc["max"], abs=0.006)
+    assert idle_seen > 0, "the simulator should hold some GPUs idle"
+    assert safe_seen > 0, "the simulator should run SaFE Workloads"
