@@ -14,6 +14,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Numeric,
     String,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
+from sqlalchemy.dialects import mysql
 
 from lens_pipeline.store.types import JSONDocument, UTCDateTime
 
@@ -304,6 +306,42 @@ node_container_event = Table(
     Column("event_type", String(64), nullable=False),
     Column("created_at", UTCDateTime(), nullable=False),
     UniqueConstraint("cluster_name", "container_id", "event_type", "created_at"),
+)
+
+# The ingest sidecar's append-only event log (spec §2): `lens ingest` acknowledges an event only
+# once its row is committed here; `container_events` turns the log into the three tables above.
+# `event_key` (a SHA-256) makes a replay of the same event a no-op. Ids only grow (AUTOINCREMENT on
+# SQLite, and writers serialize their commits), so a cursor on `id` sees every event once.
+container_event_log = Table(
+    "container_event_log",
+    lens_metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    _cluster(),
+    Column("event_key", String(64), nullable=False),
+    Column("source", String(16), nullable=False),  # "k8s" | "docker"
+    Column("event_type", String(64), nullable=False),
+    Column("container_id", String(128), nullable=False),
+    Column("node_name", String(K8S_NAME), nullable=False),
+    Column("event_id", String(128)),  # the agent's own id, when it sends one
+    Column("needs_processing", Boolean, nullable=False),  # false: the original ignored it (no GPU)
+    Column("payload", LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb"), nullable=False),
+    Column("payload_format", String(8), nullable=False),  # "struct": protobuf Struct bytes; "json"
+    Column("received_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "event_key"),
+    Index("ix_container_event_log_cluster_id", "cluster_name", "id"),
+    sqlite_autoincrement=True,
+)
+
+# How far `container_events` has processed each cluster's log, written in the same transaction as
+# the rows it derived: a failed run leaves both as they were.
+container_event_progress = Table(
+    "container_event_progress",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("last_log_id", BigInteger, nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name"),
 )
 
 # §1.15
