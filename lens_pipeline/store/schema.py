@@ -437,11 +437,71 @@ workload_statistic = Table(
     Column("last_query_time", UTCDateTime()),
     Column("total_sum", Float, server_default=text("0")),
     Column("histogram", JSONDocument),
+    # Beyond the original: GPU-seconds held, and held under the idle threshold (Run:ai's idle GPUs).
+    Column("allocated_gpu_seconds", Float, **_FIGURE),
+    Column("idle_gpu_seconds", Float, **_FIGURE),
     UniqueConstraint("cluster_name", "uid"),
     Index(
         "ix_workload_statistic_workload_time", "cluster_name", "namespace", "workload_name", "stat_end_time"
     ),
     Index("ix_workload_statistic_end_time", "stat_end_time"),
+)
+
+# §1.19: one row per workload and hour, what the SaFE workload statistic's three hours are read from.
+workload_gpu_hourly_stats = Table(
+    "workload_gpu_hourly_stats",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("workload_uid", String(255), nullable=False),
+    Column("namespace", String(K8S_NAME), nullable=False),
+    Column("workload_name", String(K8S_NAME), nullable=False),
+    Column("workload_type", String(50), nullable=False),
+    Column("stat_hour", UTCDateTime(), nullable=False),
+    *(
+        Column(c, Float, **_FIGURE)
+        for c in (
+            "allocated_gpu_count",
+            "avg_utilization",
+            "max_utilization",
+            "min_utilization",
+            "p50_utilization",
+            "p90_utilization",
+            "p95_utilization",
+            "total_sum",
+            "allocated_gpu_seconds",
+            "idle_gpu_seconds",
+        )
+    ),
+    Column("sample_count", Integer, **_FIGURE),
+    Column("histogram", JSONDocument),
+    Column("workload_status", String(50)),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "workload_uid", "stat_hour"),
+    Index("ix_workload_gpu_hourly_stats_hour", "cluster_name", "namespace", "workload_name", "stat_hour"),
+)
+
+# The GPU consumers (spec §4.2): one row per running top-level workload, what the consumer metrics
+# and `/v1/clusters/consumers` serve; a consumer that ends loses its row (no stale series).
+gpu_consumers = Table(
+    "gpu_consumers",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("uid", String(128), nullable=False),
+    Column("group_version", String(128)),
+    Column("kind", String(64), nullable=False),
+    Column("namespace", String(K8S_NAME), nullable=False),
+    Column("name", String(K8S_NAME), nullable=False),
+    Column("gpu_allocated", Integer, **_FIGURE),
+    Column("gpu_utilization", Float, **_FIGURE),
+    Column("active_pods", Integer, **_FIGURE),
+    Column("idle_gpu_seconds", Float, **_FIGURE),
+    Column("source", String(64)),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "uid"),
 )
 
 # §1.18: the SaFE database.

@@ -1,0 +1,468 @@
+"""The read API (`lens api`): the original's `/v1` routes over the Lens database.
+
+Every answer is the original's envelope, `{"meta": {"code": 2000, "message": "OK"}, "data": ...}`;
+errors carry the HTTP status times ten in `meta.code` (400 -> 4000). `GET /v1/clusters/overview`
+is one read of `cluster_overview_cache` by its unique index, computed live from the `node` table
+when the cache has no row. Filters are bound parameters, sorting is through allow-listed columns,
+and a bearer token guards `/v1` when one is configured. The OpenAPI description is at
+`/openapi.json` (and `/docs`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lens_pipeline import settings
+from lens_pipeline.api import queries
+from lens_pipeline.api.queries import NODE_ORDER, WORKLOAD_ORDER, Page
+from lens_pipeline.collect.overview import api_overview
+from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.migrate import ensure_schema
+
+STATUS_COLOR = {"Ready": "green", "NotReady": "red", "Unknown": "yellow"}
+WORKLOAD_STATUS_COLOR = {
+    "Running": "green",
+    "Pending": "yellow",
+    "Done": "blue",
+    "Failed": "red",
+    "Deleted": "gray",
+}
+NODE_STATUSES = frozenset(STATUS_COLOR)
+WORKLOAD_STATUSES = frozenset(WORKLOAD_STATUS_COLOR)
+MAX_PAGE_SIZE = 1000
+# Kubernetes names, kinds and UIDs: anything else in those parameters is a 400.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def envelope(data: Any, status: int = 200, message: str = "OK") -> Response:
+    code = 2000 if status == 200 else status * 10
+    body = orjson.dumps({"meta": {"code": code, "message": message}, "data": data, "tracing": None})
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def paged(rows: list[Any], total: int) -> Response:
+    return envelope({"data": rows, "total": total})
+
+
+def page(
+    page_num: Annotated[int, Query(ge=1)] = 1,
+    page_size: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 10,
+) -> Page:
+    return Page(page_num, page_size)
+
+
+Paging = Annotated[Page, Depends(page)]
+
+
+def _checked(value: str | None, what: str) -> str | None:
+    if value is not None and value != "" and not NAME.match(value):
+        raise ApiError(400, f"invalid {what} {value[:80]!r}")
+    return value or None
+
+
+def create_app(engine: Engine, *, token: str | None = None, default_cluster: str | None = None) -> FastAPI:
+    """The API over `engine`'s Lens database."""
+    app = FastAPI(
+        title="lens-pipeline read API",
+        version="1",
+        description=__doc__,
+        default_response_class=Response,
+    )
+    metrics = CollectorRegistry()
+    requests = Counter("lens_api_requests_total", "API requests", ("route", "code"), registry=metrics)
+    errors = Counter("lens_api_database_errors_total", "Database errors answered 503", registry=metrics)
+    latency = Histogram(
+        "lens_api_request_duration_seconds",
+        "Time to answer",
+        ("route",),
+        registry=metrics,
+        buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5),
+    )
+    metrics.register(_FleetCollector(engine))
+
+    def authorize(request: Request) -> None:
+        if token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+            raise ApiError(401, "missing or wrong bearer token")
+
+    def resolve(cluster: str | None) -> str:
+        """`cluster`, else the configured default, else the only cluster there is."""
+        cluster = _checked(cluster, "cluster") or default_cluster
+        if cluster is not None:
+            return cluster
+        with engine.connect() as conn:
+            known = queries.known_clusters(conn)
+        if len(known) == 1:
+            return known[0]
+        raise ApiError(400, f"query parameter cluster is required ({len(known)} clusters are known)")
+
+    guarded = [Depends(authorize)]
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> Response:
+        return envelope(None, exc.status, exc.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(_request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in exc.errors())
+        return envelope(None, 400, f"bad request: {problems}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> Response:
+        return envelope(None, exc.status_code, str(exc.detail))
+
+    @app.exception_handler(SQLAlchemyError)
+    async def _database_error(_request: Request, exc: SQLAlchemyError) -> Response:
+        errors.inc()
+        return envelope(None, 503, f"database unavailable: {type(exc).__name__}")
+
+    @app.get("/healthz", summary="Liveness and database reachability")
+    def healthz() -> Response:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        return envelope({"status": "ok"})
+
+    @app.get("/metrics", summary="Prometheus metrics: allocation rate and GPU consumers per cluster")
+    def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/clusters/overview", dependencies=guarded, summary="The cluster overview (spec §3)")
+    async def overview(cluster: str | None = None) -> Response:
+        # The hot path: one indexed read, no thread hop (the read takes microseconds).
+        name = resolve(cluster)
+        with engine.connect() as conn:
+            row = queries.cached_overview(conn, name)
+            if row is None:
+                row = queries.live_overview(conn, name)
+        if row is None:
+            raise ApiError(404, f"cluster {name!r} not found")
+        return envelope(api_overview(row))
+
+    @app.get("/v1/clusters/consumers", dependencies=guarded, summary="Running top-level GPU consumers")
+    def consumers(paging: Paging, cluster: str | None = None) -> Response:
+        name = resolve(cluster)
+        with engine.connect() as conn:
+            rows, total = queries.consumers(conn, name, paging)
+            if not total and not queries.cluster_exists(conn, name):
+                raise ApiError(404, f"cluster {name!r} not found")
+        return paged(
+            [
+                {
+                    "kind": r["kind"],
+                    "name": r["name"],
+                    "namespace": r["namespace"],
+                    "uid": r["uid"],
+                    "stat": {"gpu_request": r["gpu_allocated"], "gpu_utilization": r["gpu_utilization"]},
+                    "pods": None,
+                    "active_pods": r["active_pods"],
+                    "idle_gpu_seconds": r["idle_gpu_seconds"],
+                    "source": r["source"],
+                }
+                for r in rows
+            ],
+            total,
+        )
+
+    @app.get("/v1/nodes", dependencies=guarded, summary="GPU nodes, filtered, sorted and paged")
+    def nodes(
+        paging: Paging,
+        cluster: str | None = None,
+        name: str | None = None,
+        gpu_name: str | None = None,
+        status: str | None = None,
+        order_by: str | None = None,
+        desc: bool = False,
+    ) -> Response:
+        statuses = [s.strip() for s in (status or "").split(",") if s.strip()]
+        if bad := [s for s in statuses if s not in NODE_STATUSES]:
+            raise ApiError(400, f"unknown status {bad[0][:40]!r}; one of {', '.join(sorted(NODE_STATUSES))}")
+        if order_by is not None and order_by not in NODE_ORDER:
+            raise ApiError(400, f"cannot order by {order_by[:40]!r}; one of {', '.join(NODE_ORDER)}")
+        name_ = resolve(cluster)
+        with engine.connect() as conn:
+            rows, total = queries.nodes(
+                conn,
+                name_,
+                paging,
+                name=name,
+                gpu_name=gpu_name,
+                statuses=statuses,
+                order_by=order_by,
+                descending=desc,
+            )
+            if not total and not queries.cluster_exists(conn, name_):
+                raise ApiError(404, f"cluster {name_!r} not found")
+        return paged(
+            [
+                {
+                    "name": r["name"],
+                    "ip": r["address"],
+                    "gpu_name": r["gpu_name"],
+                    "gpu_count": r["gpu_count"],
+                    "gpu_allocation": r["gpu_allocation"],
+                    "gpu_utilization": r["gpu_utilization"],
+                    "status": r["status"],
+                    "status_color": STATUS_COLOR.get(r["status"], "yellow"),
+                }
+                for r in rows
+            ],
+            total,
+        )
+
+    def _node(cluster: str | None, name: str) -> tuple[str, dict]:
+        _checked(name, "node name")
+        cluster_name = resolve(cluster)
+        with engine.connect() as conn:
+            row = queries.node_row(conn, cluster_name, name)
+        if row is None:
+            raise ApiError(404, f"node {name!r} not found in cluster {cluster_name!r}")
+        return cluster_name, row
+
+    @app.get("/v1/nodes/{name}", dependencies=guarded, summary="One node's details")
+    def node_detail(name: str, cluster: str | None = None) -> Response:
+        _, row = _node(cluster, name)
+        return envelope(
+            {
+                "name": row["name"],
+                "health": row["status"],
+                "cpu": f"{row['cpu_count'] or 0} X {row['cpu'] or ''}".strip(),
+                "memory": row["memory"],
+                "os": row["os"],
+                "gpu_driver_version": row["driver_version"],
+                "static_gpu_details": f"{row['gpu_count'] or 0} X {row['gpu_name'] or ''}".strip(),
+                "kubelet_version": row["kubelet_version"],
+                "containerd_version": row["containerd_version"],
+            }
+        )
+
+    @app.get("/v1/nodes/{name}/gpuDevices", dependencies=guarded, summary="A node's GPUs by index")
+    def node_gpus(name: str, cluster: str | None = None) -> Response:
+        cluster_name, _ = _node(cluster, name)
+        with engine.connect() as conn:
+            devices = queries.gpu_devices(conn, cluster_name, name)
+        return envelope(
+            [
+                {
+                    "deviceId": d["gpu_id"],
+                    "model": d["gpu_model"],
+                    "memory": f"{round((d['memory'] or 0) / 1024)}GB",
+                    "utilization": d["utilization"],
+                    "temperature": d["temperature"],
+                    "power": d["power"],
+                    "serial": d["serial"],
+                }
+                for d in devices
+            ]
+        )
+
+    @app.get("/v1/workloads", dependencies=guarded, summary="Top-level workloads with GPU statistics")
+    def workloads(
+        paging: Paging,
+        cluster: str | None = None,
+        name: str | None = None,
+        kind: str | None = None,
+        namespace: str | None = None,
+        status: str | None = None,
+        order_by: str | None = None,
+        order: str | None = None,
+    ) -> Response:
+        _checked(kind, "kind")
+        _checked(namespace, "namespace")
+        if status is not None and status not in WORKLOAD_STATUSES:
+            raise ApiError(
+                400, f"unknown status {status[:40]!r}; one of {', '.join(sorted(WORKLOAD_STATUSES))}"
+            )
+        if order_by is not None and order_by not in WORKLOAD_ORDER:
+            raise ApiError(400, f"cannot order by {order_by[:40]!r}; one of {', '.join(WORKLOAD_ORDER)}")
+        if order is not None and order.lower() not in ("asc", "desc"):
+            raise ApiError(400, "order is asc or desc")
+        # As the original: newest first unless asked otherwise.
+        descending = order is None or order.lower() == "desc"
+        cluster_name = resolve(cluster)
+        with engine.connect() as conn:
+            rows, total = queries.workloads(
+                conn,
+                cluster_name,
+                paging,
+                name=name,
+                kind=kind,
+                namespace=namespace,
+                status=status,
+                order_by=order_by,
+                descending=descending,
+            )
+            if not total and not queries.cluster_exists(conn, cluster_name):
+                raise ApiError(404, f"cluster {cluster_name!r} not found")
+            allocation = queries.gpu_allocation(conn, cluster_name, [r["uid"] for r in rows])
+        return paged([_workload_item(r, allocation[r["uid"]]) for r in rows], total)
+
+    def _workload(cluster: str | None, uid: str) -> tuple[str, dict]:
+        _checked(uid, "uid")
+        cluster_name = resolve(cluster)
+        with engine.connect() as conn:
+            row = queries.workload_row(conn, cluster_name, uid)
+        if row is None:
+            raise ApiError(404, f"workload {uid!r} not found in cluster {cluster_name!r}")
+        return cluster_name, row
+
+    @app.get("/v1/workloads/{uid}", dependencies=guarded, summary="One workload and its pods")
+    def workload_detail(uid: str, cluster: str | None = None) -> Response:
+        cluster_name, row = _workload(cluster, uid)
+        with engine.connect() as conn:
+            pods = queries.workload_pods(conn, cluster_name, uid)
+            allocation = queries.gpu_allocation(conn, cluster_name, [uid])[uid]
+        return envelope(
+            {
+                "apiVersion": row["group_version"],
+                "kind": row["kind"],
+                "name": row["name"],
+                "namespace": row["namespace"],
+                "uid": row["uid"],
+                "status": row["status"],
+                "gpu_allocated": allocation["gpus"],
+                "gpu_allocation": allocation["hours"],
+                "pods": [
+                    {"nodeName": p["node_name"], "podNamespace": p["namespace"], "podName": p["name"]}
+                    for p in pods
+                ],
+                "startTime": queries.unix(row["created_at"]),
+                "endTime": queries.unix(row["end_at"]),
+                "source": row["source"],
+            }
+        )
+
+    @app.get("/v1/workloads/{uid}/hierarchy", dependencies=guarded, summary="A workload's tree of children")
+    def workload_hierarchy(uid: str, cluster: str | None = None) -> Response:
+        cluster_name, _ = _workload(cluster, uid)
+        with engine.connect() as conn:
+            tree = queries.workload_tree(conn, cluster_name, uid)
+        return envelope(tree)
+
+    app.add_middleware(_Instrumented, requests=requests, latency=latency)
+    return app
+
+
+def _workload_item(row: dict, allocation: dict) -> dict:
+    running = row["status"] == "Running"
+    return {
+        "kind": row["kind"],
+        "name": row["name"],
+        "namespace": row["namespace"],
+        "uid": row["uid"],
+        "gpu_allocated": allocation["gpus"],
+        "gpu_allocation": allocation["hours"],
+        "status": row["status"],
+        "status_color": WORKLOAD_STATUS_COLOR.get(row["status"], "gray"),
+        "start_at": queries.unix(row["created_at"]),
+        "end_at": queries.unix(row["end_at"]),
+        "source": row["source"],
+        "instant_gpu_utilization": row["instant_gpu_utilization"] if running else None,
+        "avg_gpu_utilization": row["avg_gpu_utilization"],
+        "p50_gpu_utilization": row["p50_gpu_utilization"],
+        "p90_gpu_utilization": row["p90_gpu_utilization"],
+        "p95_gpu_utilization": row["p95_gpu_utilization"],
+        "allocated_gpu_seconds": row["allocated_gpu_seconds"],
+        "idle_gpu_seconds": row["idle_gpu_seconds"],
+    }
+
+
+class _Instrumented:
+    """Counts and times every request by route template (plain ASGI: no per-request task)."""
+
+    def __init__(self, app: Any, *, requests: Counter, latency: Histogram) -> None:
+        self.app, self.requests, self.latency = app, requests, latency
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        started = time.perf_counter()
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.latency.labels(route).observe(time.perf_counter() - started)
+            self.requests.labels(route, str(status)).inc()
+
+
+class _FleetCollector:
+    """The allocation rate and consumer gauges, read from the database at every scrape: a consumer
+    that ended has no row, so it has no series (the original's gauges never forgot one)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Any:
+        rates, consumers = queries.metrics_rows(self.engine)
+        rate = GaugeMetricFamily(
+            "gpu_allocation_rate", "Allocated GPUs of healthy GPU nodes, percent (0-100)", labels=["cluster"]
+        )
+        for row in rates:
+            rate.add_metric([row["cluster_name"]], row["allocation_rate"])
+        yield rate
+        labels = ["cluster", "kind", "name", "namespace", "uid"]
+        families = {
+            "gpu_utilization": GaugeMetricFamily(
+                "consumer_pod_gpu_usage", "Mean utilization of the consumer's GPUs, percent", labels=labels
+            ),
+            "gpu_allocated": GaugeMetricFamily(
+                "consumer_pod_gpu_allocated", "GPUs held by the consumer's running pods", labels=labels
+            ),
+            "active_pods": GaugeMetricFamily(
+                "consumer_pod_active", "The consumer's running GPU pods", labels=labels
+            ),
+            "idle_gpu_seconds": CounterMetricFamily(
+                "consumer_pod_gpu_idle_seconds",
+                "GPU-seconds the consumer held under the idle threshold",
+                labels=labels,
+            ),
+        }
+        for row in consumers:
+            values = [row["cluster_name"], row["kind"], row["name"], row["namespace"], row["uid"]]
+            for column, family in families.items():
+                family.add_metric(values, float(row[column]))
+        yield from families.values()
+
+
+def app_from_environment() -> FastAPI:
+    """The app `lens api` serves: the Lens database, token and default cluster from the environment."""
+    engine = get_engine(settings.lens_database_url())
+    ensure_schema(engine, "lens")
+    return create_app(
+        engine,
+        token=os.environ.get(settings.LENS_API_TOKEN) or None,
+        default_cluster=os.environ.get(settings.LENS_API_DEFAULT_CLUSTER) or None,
+    )

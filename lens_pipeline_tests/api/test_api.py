@@ -1,0 +1,352 @@
+"""The read API over real HTTP (uvicorn on a socket), on a Lens database the pipeline filled from the
+simulator: the original's routes and envelope, paging and filters, 400/401/404, injection attempts
+in every string parameter, the consumer metrics, and the live fallback when the cache misses."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from dagster import instance_for_test
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import delete
+
+from lens_pipeline.api.app import create_app
+from lens_pipeline.collect.overview import api_overview
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+from lens_pipeline.store.db import get_engine, write_transaction
+from lens_pipeline.store.schema import cluster_overview_cache, gpu_consumers, node
+from lens_pipeline_tests.conftest import _server_database
+from lens_pipeline_tests.defs.test_collectors_against_truth import table, truth
+from lens_pipeline_tests.defs.test_derived_against_truth import run_cluster
+
+TOKEN = "s3cret-token"
+INJECTIONS = (
+    "' OR '1'='1",
+    "x'; DROP TABLE node; --",
+    '" OR 1=1 --',
+    "%' UNION SELECT * FROM node --",
+    "\\'%_",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Api:
+    def __init__(self, base: str) -> None:
+        self.base = base
+
+    def get(self, path: str, token: str | None = TOKEN, **params: object) -> tuple[int, dict]:
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        request = urllib.request.Request(f"{self.base}{path}{'?' + query if query else ''}")
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def text(self, path: str) -> str:
+        with urllib.request.urlopen(f"{self.base}{path}", timeout=10) as response:
+            return response.read().decode()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def served(request, tmp_path_factory) -> Iterator[tuple[Api, str, dict, str]]:
+    """Two simulated clusters collected once, and the API serving their database over a socket."""
+    tmp = tmp_path_factory.mktemp("api")
+    database = _server_database("postgresql", "api") if request.param == "postgresql" else None
+    lens_url = next(database) if database is not None else f"sqlite:///{tmp}/lens.db"
+    fleet = SimFleet.generate(clusters=2, nodes=12, seed=5, vendor="mixed")
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [c.name for c in fleet])
+        registry = write_registry(tmp / "clusters.yaml", server)
+        for cluster in fleet:
+            run_cluster(cluster.name, registry, lens_url, f"sqlite:///{tmp}/safe.db", instance)
+        truths = {c.name: truth(server, c.name) for c in fleet}
+    port = _free_port()
+    config = uvicorn.Config(
+        create_app(get_engine(lens_url), token=TOKEN),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+    )
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not uv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert uv.started
+    try:
+        yield Api(f"http://127.0.0.1:{port}"), lens_url, truths, fleet.clusters[0].name
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+        if database is not None:
+            database.close()
+
+
+def test_overview_is_the_cached_row_in_the_original_envelope(served):
+    api, _, truths, _ = served
+    for cluster, want in truths.items():
+        status, body = api.get("/v1/clusters/overview", cluster=cluster)
+        assert status == 200 and body["meta"] == {"code": 2000, "message": "OK"}
+        assert body["data"] == pytest.approx(api_overview(want["overview"]))
+        assert {"totalNodes", "fullyIdleNodes", "allocationRate", "total_space", "total_rx"} <= body[
+            "data"
+        ].keys()
+
+
+def test_overview_cache_miss_is_computed_live_from_the_node_table(served):
+    api, lens_url, truths, cluster = served
+    engine = get_engine(lens_url)
+    with engine.connect() as conn:
+        (cached,) = [
+            dict(r._mapping)
+            for r in conn.execute(
+                cluster_overview_cache.select().where(cluster_overview_cache.c.cluster_name == cluster)
+            )
+        ]
+    with write_transaction(engine) as conn:
+        conn.execute(delete(cluster_overview_cache).where(cluster_overview_cache.c.cluster_name == cluster))
+    try:
+        status, body = api.get("/v1/clusters/overview", cluster=cluster)
+        assert status == 200
+        live = body["data"]
+        want = api_overview(truths[cluster]["overview"])
+        for field in (
+            "totalNodes",
+            "healthyNodes",
+            "faultyNodes",
+            "fullyIdleNodes",
+            "busyNodes",
+            "allocationRate",
+        ):
+            assert live[field] == pytest.approx(want[field]), field
+        assert live["total_space"] == 0  # needs Prometheus: the asset fills it
+    finally:
+        with write_transaction(engine) as conn:
+            conn.execute(cluster_overview_cache.insert(), [{k: cached[k] for k in cached if k != "id"}])
+
+
+def test_unknown_cluster_node_and_workload_are_404(served):
+    api, *_, cluster = served
+    assert api.get("/v1/clusters/overview", cluster="no-such-cluster")[0] == 404
+    assert api.get("/v1/nodes", cluster="no-such-cluster")[0] == 404
+    status, body = api.get("/v1/nodes/no-such-node", cluster=cluster)
+    assert status == 404 and body["meta"]["code"] == 4040 and body["data"] is None
+    assert api.get("/v1/nodes/no-such-node/gpuDevices", cluster=cluster)[0] == 404
+    assert api.get("/v1/workloads/0000-none", cluster=cluster)[0] == 404
+    assert api.get("/v1/workloads/0000-none/hierarchy", cluster=cluster)[0] == 404
+
+
+def test_bad_parameters_are_400_and_a_missing_cluster_is_asked_for(served):
+    api, *_, cluster = served
+    for params in (
+        {"page_num": 0},
+        {"page_size": 100_000},
+        {"page_num": "x"},
+        {"order_by": "name; DROP TABLE node"},
+        {"status": "Broken"},
+        {"desc": "maybe"},
+    ):
+        status, body = api.get("/v1/nodes", cluster=cluster, **params)
+        assert status == 400 and body["meta"]["code"] == 4000, params
+    assert api.get("/v1/workloads", cluster=cluster, order="sideways")[0] == 400
+    status, body = api.get("/v1/clusters/overview")  # two clusters: which one?
+    assert status == 400 and "cluster" in body["meta"]["message"]
+
+
+def test_wrong_or_missing_token_is_401_and_health_needs_none(served):
+    api, *_, cluster = served
+    assert api.get("/v1/clusters/overview", token="wrong", cluster=cluster)[0] == 401
+    status, body = api.get("/v1/nodes", token=None, cluster=cluster)
+    assert status == 401 and body["meta"]["code"] == 4010
+    assert api.get("/healthz", token=None)[0] == 200
+
+
+def test_injection_in_every_string_parameter_is_400_or_empty_never_an_sql_error(served):
+    api, lens_url, _, cluster = served
+    routes = {
+        "/v1/clusters/overview": ("cluster",),
+        "/v1/clusters/consumers": ("cluster",),
+        "/v1/nodes": ("cluster", "name", "gpu_name", "status", "order_by"),
+        "/v1/workloads": ("cluster", "name", "kind", "namespace", "status", "order_by", "order"),
+    }
+    for attempt in INJECTIONS:
+        for route, params in routes.items():
+            for param in params:
+                args = {"cluster": cluster, param: attempt}
+                status, body = api.get(route, **args)
+                assert status in (200, 400, 404), (route, param, attempt, body)
+                if status == 200:
+                    assert body["data"]["total"] == 0, (route, param, attempt)
+        for route in (
+            "/v1/nodes/{}",
+            "/v1/nodes/{}/gpuDevices",
+            "/v1/workloads/{}",
+            "/v1/workloads/{}/hierarchy",
+        ):
+            status, _ = api.get(route.format(urllib.parse.quote(attempt, safe="")), cluster=cluster)
+            assert status in (400, 404), (route, attempt)
+    assert table(lens_url, node, cluster)  # still there
+
+
+def test_nodes_filter_sort_and_page(served):
+    api, _, truths, cluster = served
+    nodes = truths[cluster]["nodes"]
+    status, body = api.get("/v1/nodes", cluster=cluster, page_size=5, order_by="gpu_allocation", desc="true")
+    assert status == 200 and body["data"]["total"] == len(nodes)
+    page = body["data"]["data"]
+    assert len(page) == 5
+    assert [n["gpu_allocation"] for n in page] == sorted((n["gpu_allocation"] for n in nodes), reverse=True)[
+        :5
+    ]
+    assert {
+        "name",
+        "ip",
+        "gpu_name",
+        "gpu_count",
+        "gpu_allocation",
+        "gpu_utilization",
+        "status",
+        "status_color",
+    } == page[0].keys()
+    everything = [
+        n["name"]
+        for p in (1, 2, 3)
+        for n in api.get("/v1/nodes", cluster=cluster, page_num=p, page_size=5)[1]["data"]["data"]
+    ]
+    assert everything == sorted(n["name"] for n in nodes)
+    ready = api.get("/v1/nodes", cluster=cluster, status="Ready", page_size=100)[1]["data"]
+    assert ready["total"] == sum(n["status"] == "Ready" for n in nodes)
+    assert {n["status_color"] for n in ready["data"]} == {"green"}
+    suffix = nodes[0]["name"][-5:]
+    named = api.get("/v1/nodes", cluster=cluster, name=suffix)[1]["data"]
+    assert named["total"] == sum(suffix in n["name"] for n in nodes) >= 1
+    assert api.get("/v1/nodes", cluster=cluster, name="100%")[1]["data"]["total"] == 0  # % is literal
+
+
+def test_node_detail_and_gpu_devices(served):
+    api, _, truths, cluster = served
+    ready = next(n for n in truths[cluster]["nodes"] if n["status"] == "Ready")
+    status, body = api.get(f"/v1/nodes/{ready['name']}", cluster=cluster)
+    assert status == 200 and body["data"]["name"] == ready["name"] and body["data"]["health"] == "Ready"
+    assert body["data"]["static_gpu_details"] == f"{ready['gpu_count']} X {ready['gpu_name']}"
+    devices = api.get(f"/v1/nodes/{ready['name']}/gpuDevices", cluster=cluster)[1]["data"]
+    want = sorted(
+        (d for d in truths[cluster]["gpu_devices"] if d["node_name"] == ready["name"]),
+        key=lambda d: d["gpu_id"],
+    )
+    assert [d["deviceId"] for d in devices] == [d["gpu_id"] for d in want]
+    assert [d["utilization"] for d in devices] == pytest.approx([d["utilization"] for d in want])
+
+
+def test_workloads_top_level_with_statistics_detail_and_hierarchy(served):
+    api, _, truths, cluster = served
+    top = [w for w in truths[cluster]["workloads"] if not w["parent_uid"]]
+    status, body = api.get("/v1/workloads", cluster=cluster, page_size=1000)
+    assert status == 200 and body["data"]["total"] >= len(top)
+    listed = {w["uid"]: w for w in body["data"]["data"]}
+    assert {w["uid"] for w in top} <= listed.keys()
+    for want in top:
+        item = listed[want["uid"]]
+        assert item["kind"] == want["kind"] and item["status"] == want["status"]
+        if want["status"] == "Running":
+            assert item["instant_gpu_utilization"] is not None
+            assert item["gpu_allocated"] >= want["gpu_request"] if want["kind"] != "Workload" else True
+    running = api.get("/v1/workloads", cluster=cluster, status="Running", page_size=1000)[1]["data"]
+    assert {w["status"] for w in running["data"]} <= {"Running"}
+    newest_first = [w["start_at"] for w in body["data"]["data"]]
+    assert newest_first == sorted(newest_first, reverse=True)
+
+    parent = next(
+        w
+        for w in truths[cluster]["workloads"]
+        if any(c["parent_uid"] == w["uid"] for c in truths[cluster]["workloads"])
+    )
+    status, body = api.get(f"/v1/workloads/{parent['uid']}/hierarchy", cluster=cluster)
+    assert status == 200 and body["data"]["uid"] == parent["uid"]
+    children = {c["uid"] for c in truths[cluster]["workloads"] if c["parent_uid"] == parent["uid"]}
+    assert {c["uid"] for c in body["data"]["children"]} == children
+
+    detail = api.get(f"/v1/workloads/{parent['uid']}", cluster=cluster)[1]["data"]
+    assert detail["uid"] == parent["uid"] and detail["apiVersion"] == parent["group_version"]
+    pods = {p["uid"]: p for p in truths[cluster]["pods"]}
+    assert {(p["podNamespace"], p["podName"]) for p in detail["pods"]} >= {
+        (pods[u]["namespace"], pods[u]["name"]) for u in parent["pod_uids"] if u in pods
+    }
+
+
+def test_consumers_and_metrics_have_no_series_for_ended_consumers(served):
+    api, lens_url, _, cluster = served
+    rows = table(lens_url, gpu_consumers, cluster)
+    status, body = api.get("/v1/clusters/consumers", cluster=cluster, page_size=1000)
+    assert status == 200 and body["data"]["total"] == len(rows) > 0
+    assert {c["uid"] for c in body["data"]["data"]} == {r["uid"] for r in rows}
+
+    def series() -> dict[str, dict[tuple, float]]:
+        out: dict[str, dict[tuple, float]] = {}
+        for family in text_string_to_metric_families(api.text("/metrics")):
+            for sample in family.samples:
+                out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+        return out
+
+    before = series()
+    assert set(before["gpu_allocation_rate"].values()) == {
+        r["allocation_rate"] for r in table(lens_url, cluster_overview_cache, cluster)
+    } | {v for k, v in before["gpu_allocation_rate"].items() if dict(k)["cluster"] != cluster}
+    mine = {
+        dict(k)["uid"]: v
+        for k, v in before["consumer_pod_gpu_allocated"].items()
+        if dict(k)["cluster"] == cluster
+    }
+    assert mine == {r["uid"]: r["gpu_allocated"] for r in rows}
+    assert all(0 <= v <= 100 for v in before["consumer_pod_gpu_usage"].values())  # no x100 (§10.4)
+
+    gone = rows[0]
+    engine = get_engine(lens_url)
+    with write_transaction(engine) as conn:  # the consumer ends: gpu_consumers drops its row
+        conn.execute(delete(gpu_consumers).where(gpu_consumers.c.uid == gone["uid"]))
+    try:
+        after = series()
+        assert all(dict(k)["uid"] != gone["uid"] for k in after["consumer_pod_active"])
+    finally:
+        with write_transaction(engine) as conn:
+            conn.execute(gpu_consumers.insert(), [{k: v for k, v in gone.items() if k != "id"}])
+
+
+def test_openapi_describes_the_routes(served):
+    api, *_ = served
+    spec = json.loads(api.text("/openapi.json"))
+    for path in (
+        "/v1/clusters/overview",
+        "/v1/clusters/consumers",
+        "/v1/nodes",
+        "/v1/nodes/{name}",
+        "/v1/nodes/{name}/gpuDevices",
+        "/v1/workloads",
+        "/v1/workloads/{uid}",
+        "/v1/workloads/{uid}/hierarchy",
+        "/healthz",
+        "/metrics",
+    ):
+        assert path in spec["paths"], path
