@@ -1,4 +1,4 @@
-"""The `lens` command: `lens demo`, `lens sim`, `lens db upgrade`."""
+"""The `lens` command: `lens demo`, `lens sim`, `lens db upgrade`, `lens ingest`."""
 
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--fresh", action="store_true", help="start from empty databases")
     demo.add_argument("--churn", type=float, default=20.0, help="seconds between churn steps (0: none)")
 
+    ingest = commands.add_parser("ingest", help="the container-event sidecar (gRPC + HTTP) for node agents")
+    _ingest_arguments(ingest)
+
     args, rest = parser.parse_known_args(argv)
     if args.command == "sim":
         from lens_pipeline.sim.cli import main as sim_main
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "db":
         return _db_upgrade(args.database, args.revision)
+    if args.command == "ingest":
+        return _ingest(args)
     return _demo(args)
 
 
@@ -63,6 +68,48 @@ def _db_upgrade(which: str, revision: str) -> int:
             upgrade(get_engine(url), database, revision)  # type: ignore[arg-type]
             print(f"{database} database at {_safe_url(url)}: at revision {revision}")
     return 0
+
+
+def _ingest_arguments(parser: argparse.ArgumentParser) -> None:
+    from lens_pipeline.ingest.events import DEFAULT_MAX_EVENT_BYTES
+
+    parser.add_argument("--database-url", help=f"event log database (default: ${settings.LENS_DATABASE_URL})")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--grpc-port", type=int, default=50051, help="the original's jobs.grpc_port")
+    parser.add_argument(
+        "--http-port", type=int, default=8989, help="POST /v1/container-events, /metrics, /healthz"
+    )
+    parser.add_argument("--default-cluster", default="default", help="cluster of events that name none")
+    parser.add_argument("--tokens-file", help="per-cluster bearer tokens (default: $LENS_INGEST_TOKENS_FILE)")
+    parser.add_argument("--tls-cert", help="serve TLS with this certificate chain (PEM)")
+    parser.add_argument("--tls-key", help="the certificate's private key (PEM)")
+    parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA (PEM)")
+    parser.add_argument("--max-event-bytes", type=int, default=DEFAULT_MAX_EVENT_BYTES)
+    parser.add_argument("--linger-ms", type=float, default=2.0, help="how long a group commit waits to fill")
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from lens_pipeline.ingest.config import LENS_INGEST_TOKENS_FILE, IngestConfig, Tokens
+    from lens_pipeline.ingest.server import serve_forever
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("lens ingest: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    config = IngestConfig(
+        database_url=args.database_url or settings.lens_database_url(),
+        host=args.host,
+        grpc_port=args.grpc_port,
+        http_port=args.http_port,
+        default_cluster=args.default_cluster,
+        tokens=Tokens.load(args.tokens_file or os.environ.get(LENS_INGEST_TOKENS_FILE)),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        max_event_bytes=args.max_event_bytes,
+        linger_seconds=args.linger_ms / 1000,
+    )
+    print(f"lens ingest: event log in {_safe_url(config.database_url)}", flush=True)
+    return serve_forever(config)
 
 
 def _safe_url(url: str) -> str:

@@ -1,0 +1,312 @@
+"""What a node agent sends, checked and turned into an event-log row; what is wrong, said plainly.
+
+Pure: a gRPC message (raw bytes of `ContainerEvent`) or an HTTP event (a JSON object) in, a row of
+`container_event_log` or a `Refused` out. No I/O, so the checks are tested on their own and both
+transports refuse the same things with the same words.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from google.protobuf.message import DecodeError
+
+from lens_pipeline.clusters import validate_cluster_name
+from lens_pipeline.ingest import exporter_pb2
+
+ContainerEvent = exporter_pb2.ContainerEvent
+
+SOURCES = ("k8s", "docker")
+# "snapshot" for the agent's initial scan; live k8s events carry the container status (spec §2.1);
+# "update"/"delete" are the values the original proto's comment names.
+EVENT_TYPES = frozenset(
+    {"snapshot", "update", "delete", "Created", "Running", "Exit", "Deleted", "OOMKilled"}
+)
+SNAPSHOT = "snapshot"
+# Column widths of container_event_log.
+MAX_CONTAINER_ID = 128
+MAX_NODE = 253
+MAX_EVENT_ID = 128
+DEFAULT_MAX_EVENT_BYTES = 1 << 20
+
+# The parts of the agents' data the asset reads, and the JSON kind each must have when present.
+_K8S_FIELDS = {
+    "pod_name": "string",
+    "pod_namespace": "string",
+    "pod_uuid": "string",
+    "status": "string",
+    "created_at": "number",
+    "metadata": "struct",
+    "labels": "struct",
+    "devices": "struct",
+}
+_DOCKER_FIELDS = {
+    "ID": "string",
+    "Name": "string",
+    "Status": "string",
+    "Devices": "list",
+    "StartAt": "string",
+}
+_DEVICE_LISTS = {"k8s": ("gpu", "infiniband"), "docker": ()}
+_PB_KIND = {
+    "string_value": "string",
+    "number_value": "number",
+    "bool_value": "bool",
+    "struct_value": "struct",
+    "list_value": "list",
+    "null_value": "null",
+}
+
+
+class Refused(ValueError):
+    """An event the log will not take; `reason` is the metric label, the message says why."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who sends: the stream's or request's transport facts that events do not carry themselves."""
+
+    source: str  # "k8s" | "docker" (gRPC: by method; HTTP: from the body)
+    token_cluster: str | None  # the cluster the bearer token belongs to, when tokens are configured
+    default_cluster: str
+    node: str = ""  # gRPC metadata `node_name`, used when an event leaves `node` empty
+
+
+def from_grpc(raw: bytes, origin: Origin, received_at: Any, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> dict:
+    """A `container_event_log` row from one gRPC message, or `Refused`."""
+    if len(raw) > max_bytes:
+        raise Refused("oversized", f"event of {len(raw)} bytes is over the limit of {max_bytes} bytes")
+    try:
+        event = ContainerEvent.FromString(raw)
+    except DecodeError as exc:
+        raise Refused(
+            "malformed", f"not a ContainerEvent (invalid protobuf, or invalid UTF-8 in a string): {exc}"
+        ) from None
+    _check_ids(event.type, event.container_id, event.node)
+    if not event.HasField("data"):
+        raise Refused("missing_data", f"event {event.type!r} of container {event.container_id!r} has no data")
+    shape = _pb_shape(event.data, origin.source)
+    cluster = _cluster(event.cluster if event.HasField("cluster") else "", origin)
+    event_id = _event_id(event.event_id if event.HasField("event_id") else "")
+    payload = event.data.SerializeToString(deterministic=True)
+    return _row(
+        origin,
+        cluster,
+        event.type,
+        event.container_id,
+        event.node,
+        event_id,
+        shape,
+        payload,
+        "struct",
+        received_at,
+    )
+
+
+def from_json(event: Any, origin: Origin, received_at: Any, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> dict:
+    """A row from one HTTP event `{"type","source","node","container_id","data"}`, or `Refused`."""
+    if not isinstance(event, Mapping):
+        raise Refused("malformed", f"an event must be a JSON object, not {type(event).__name__}")
+    missing = [k for k in ("type", "source", "node", "container_id", "data") if k not in event]
+    if missing:
+        raise Refused("missing_field", f"event lacks required fields {missing}")
+    source = event["source"]
+    if source not in SOURCES:
+        raise Refused("unknown_source", f"source {source!r} is not one of {list(SOURCES)}")
+    for key in ("type", "node", "container_id", "event_id", "cluster"):
+        required = key in ("type", "node", "container_id")
+        if (required or event.get(key) is not None) and not isinstance(event.get(key), str):
+            raise Refused("malformed", f"{key} must be a string, not {type(event.get(key)).__name__}")
+    _check_ids(event["type"], event["container_id"], event["node"])
+    data = event["data"]
+    if not isinstance(data, Mapping):
+        raise Refused("malformed_data", f"data must be a JSON object, not {type(data).__name__}")
+    payload = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    if len(payload) > max_bytes:
+        raise Refused(
+            "oversized", f"event data of {len(payload)} bytes is over the limit of {max_bytes} bytes"
+        )
+    origin = Origin(source, origin.token_cluster, origin.default_cluster, origin.node)
+    shape = _json_shape(data, source)
+    cluster = _cluster(event.get("cluster") or "", origin)
+    event_id = _event_id(event.get("event_id") or "")
+    return _row(
+        origin,
+        cluster,
+        event["type"],
+        event["container_id"],
+        event["node"],
+        event_id,
+        shape,
+        payload,
+        "json",
+        received_at,
+    )
+
+
+def _check_ids(event_type: str, container_id: str, node: str) -> None:
+    if not container_id:
+        raise Refused("missing_container_id", f"event {event_type!r} has no container_id")
+    if len(container_id) > MAX_CONTAINER_ID:
+        raise Refused("malformed", f"container_id is {len(container_id)} characters, over {MAX_CONTAINER_ID}")
+    if event_type not in EVENT_TYPES:
+        raise Refused(
+            "unknown_type",
+            f"container {container_id!r}: unknown event type {event_type!r}; expected one of {sorted(EVENT_TYPES)}",
+        )
+    if len(node) > MAX_NODE:
+        raise Refused("malformed", f"node name is {len(node)} characters, over {MAX_NODE}")
+
+
+def _cluster(named: str, origin: Origin) -> str:
+    if origin.token_cluster is not None:
+        if named and named != origin.token_cluster:
+            raise Refused(
+                "wrong_cluster", f"event names cluster {named!r} but the token belongs to another cluster"
+            )
+        return origin.token_cluster
+    cluster = named or origin.default_cluster
+    problem = validate_cluster_name(cluster)
+    if problem:
+        raise Refused("bad_cluster", f"cluster name {problem}")
+    return cluster
+
+
+def _event_id(event_id: str) -> str | None:
+    if len(event_id) > MAX_EVENT_ID:
+        raise Refused("malformed", f"event_id is {len(event_id)} characters, over {MAX_EVENT_ID}")
+    return event_id or None
+
+
+@dataclass(frozen=True)
+class _Shape:
+    gpus: int
+
+
+def _pb_shape(data: Any, source: str) -> _Shape:
+    """Check the Struct's fields the asset reads; count GPU devices (no GPU: the original ignored it)."""
+    fields = data.fields
+    expected = _K8S_FIELDS if source == "k8s" else _DOCKER_FIELDS
+    for key, kind in expected.items():
+        if key in fields:
+            found = _PB_KIND.get(fields[key].WhichOneof("kind"), "null")
+            if found not in (kind, "null"):
+                raise Refused("malformed_data", f"data.{key} must be a {kind}, not a {found}")
+    if source == "docker":
+        devices = fields["Devices"].list_value.values if "Devices" in fields else ()
+        for index, device in enumerate(devices):
+            if device.WhichOneof("kind") != "struct_value":
+                raise Refused("malformed_data", f"data.Devices[{index}] must be an object")
+        return _Shape(gpus=len(devices))
+    gpus = 0
+    if "devices" in fields:
+        lists = fields["devices"].struct_value.fields
+        for name in _DEVICE_LISTS[source]:
+            if name not in lists:
+                continue
+            value = lists[name]
+            kind = value.WhichOneof("kind")
+            if kind == "null_value":
+                continue
+            if kind != "list_value":
+                raise Refused("malformed_data", f"data.devices.{name} must be a list of devices")
+            for index, device in enumerate(value.list_value.values):
+                if device.WhichOneof("kind") != "struct_value":
+                    raise Refused("malformed_data", f"data.devices.{name}[{index}] must be an object")
+            if name == "gpu":
+                gpus = len(value.list_value.values)
+    return _Shape(gpus=gpus)
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "struct"
+    if isinstance(value, list):
+        return "list"
+    return type(value).__name__
+
+
+def _json_shape(data: Mapping[str, Any], source: str) -> _Shape:
+    expected = _K8S_FIELDS if source == "k8s" else _DOCKER_FIELDS
+    for key, kind in expected.items():
+        if key in data:
+            found = _json_kind(data[key])
+            if found not in (kind, "null"):
+                raise Refused("malformed_data", f"data.{key} must be a {kind}, not a {found}")
+    if source == "docker":
+        devices = data.get("Devices") or []
+        for index, device in enumerate(devices):
+            if not isinstance(device, Mapping):
+                raise Refused("malformed_data", f"data.Devices[{index}] must be an object")
+        return _Shape(gpus=len(devices))
+    gpus = 0
+    lists = data.get("devices") or {}
+    for name in _DEVICE_LISTS[source]:
+        value = lists.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            raise Refused("malformed_data", f"data.devices.{name} must be a list of devices")
+        for index, device in enumerate(value):
+            if not isinstance(device, Mapping):
+                raise Refused("malformed_data", f"data.devices.{name}[{index}] must be an object")
+        if name == "gpu":
+            gpus = len(value)
+    return _Shape(gpus=gpus)
+
+
+def event_key(
+    cluster: str, source: str, container_id: str, event_type: str, event_id: str | None, payload: bytes
+) -> str:
+    """What makes two events the same: the agent's event id when it sends one, else the content."""
+    if event_id:
+        material = b"\0".join((b"id", cluster.encode(), event_id.encode()))
+    else:
+        material = b"\0".join(
+            (b"ev", cluster.encode(), source.encode(), container_id.encode(), event_type.encode(), payload)
+        )
+    return hashlib.sha256(material).hexdigest()
+
+
+def _row(
+    origin: Origin,
+    cluster: str,
+    event_type: str,
+    container_id: str,
+    node: str,
+    event_id: str | None,
+    shape: _Shape,
+    payload: bytes,
+    payload_format: str,
+    received_at: Any,
+) -> dict:
+    return {
+        "cluster_name": cluster,
+        "event_key": event_key(cluster, origin.source, container_id, event_type, event_id, payload),
+        "source": origin.source,
+        "event_type": event_type,
+        "container_id": container_id,
+        "node_name": node or origin.node,
+        "event_id": event_id,
+        # The original ignored k8s events without GPUs, except (later) snapshots (spec §2.1, §2.2).
+        "needs_processing": origin.source == "docker" or event_type == SNAPSHOT or shape.gpus > 0,
+        "payload": payload,
+        "payload_format": payload_format,
+        "received_at": received_at,
+    }

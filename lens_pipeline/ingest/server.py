@@ -1,0 +1,323 @@
+"""`lens ingest`: the original's `ExporterService` over gRPC and the later HTTP form, both writing
+one event log, plus gRPC health and reflection and `/metrics`.
+
+One asyncio loop serves both transports; one writer thread group-commits the log. A stream is
+answered with cumulative acknowledgements (`type="ack"`, `sequence=N`: every event up to the
+Nth of this stream is committed) and one `type="error"` reply per refused event; an original
+agent ignores both. Requests are read raw and decoded per event, so a message that is not a
+valid `ContainerEvent` (bad protobuf, invalid UTF-8, over the size limit) is refused alone and
+the stream goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from lens_pipeline.ingest import exporter_pb2
+from lens_pipeline.ingest.config import IngestConfig, Unauthenticated
+from lens_pipeline.ingest.events import ContainerEvent, Origin, Refused, from_grpc
+from lens_pipeline.ingest.http import IngestHttpApp
+from lens_pipeline.ingest.log_writer import LogWriter, Producer
+from lens_pipeline.ingest.metrics import IngestMetrics
+from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.migrate import ensure_schema
+
+log = logging.getLogger(__name__)
+
+SERVICE = exporter_pb2.DESCRIPTOR.services_by_name["ExporterService"].full_name
+METHOD_SOURCES = {"StreamContainerEvents": "k8s", "StreamDockerContainerEvents": "docker"}
+
+
+class _Stream:
+    """The reply side of one stream: acknowledgements and errors, in the order they arise."""
+
+    def __init__(self, metrics: IngestMetrics, source: str) -> None:
+        self.replies: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.acked = 0
+        self.final_seq: int | None = None
+        self._histogram = metrics.processing.labels(source)
+
+    def committed(self, seq: int, received: list[float]) -> None:
+        now = time.monotonic()
+        for t in received:
+            self._histogram.observe(now - t)
+        if seq > self.acked:
+            self.acked = seq
+            self.replies.put_nowait(ContainerEvent(type="ack", sequence=seq).SerializeToString())
+        self._maybe_end()
+
+    def refused(self, seq: int, exc: Refused) -> None:
+        self.replies.put_nowait(
+            ContainerEvent(type="error", sequence=seq, error=str(exc)).SerializeToString()
+        )
+
+    def end_of_input(self, seq: int) -> None:
+        self.final_seq = seq
+        self._maybe_end()
+
+    def _maybe_end(self) -> None:
+        if self.final_seq is not None and self.acked >= self.final_seq:
+            self.replies.put_nowait(None)
+
+
+class IngestServer:
+    def __init__(self, config: IngestConfig) -> None:
+        self.config = config
+        self.metrics = IngestMetrics()
+        self.healthy = False
+        self.grpc_port = 0
+        self.http_port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writer: LogWriter | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._health = HealthServicer()
+        self._http = None
+        self._received: dict[tuple[str, str], object] = {}
+
+    # Lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        engine = get_engine(self.config.database_url)
+        await asyncio.to_thread(ensure_schema, engine, "lens")
+        self._writer = LogWriter(
+            engine,
+            linger_seconds=self.config.linger_seconds,
+            max_pending_rows=self.config.max_pending_rows,
+            on_health=self._set_health_threadsafe,
+        )
+        self._writer.start()
+        await self._start_grpc()
+        await self._start_http()
+        await self._set_health(True)
+        log.info("lens ingest: gRPC on port %d, HTTP on port %d", self.grpc_port, self.http_port)
+
+    async def stop(self) -> None:
+        """Refuse new streams, let open ones finish for the grace period, commit what is queued."""
+        await self._health.enter_graceful_shutdown()
+        if self._grpc is not None:
+            await self._grpc.stop(self.config.shutdown_grace_seconds)
+        if self._http is not None:
+            await self._http.shutdown()
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.stop)
+
+    async def _start_grpc(self) -> None:
+        limit = self.config.transport_limit
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.so_reuseport", 0),  # a port in use is an error, not a silent share
+            ]
+        )
+        handlers = {
+            method: grpc.stream_stream_rpc_method_handler(self._handler(source))
+            for method, source in METHOD_SOURCES.items()
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        address = f"{self.config.host}:{self.config.grpc_port}"
+        if self.config.tls:
+            credentials = grpc.ssl_server_credentials(
+                [(Path(self.config.tls_key).read_bytes(), Path(self.config.tls_cert).read_bytes())],
+                root_certificates=Path(self.config.tls_client_ca).read_bytes()
+                if self.config.tls_client_ca
+                else None,
+                require_client_auth=bool(self.config.tls_client_ca),
+            )
+            self.grpc_port = server.add_secure_port(address, credentials)
+        else:
+            self.grpc_port = server.add_insecure_port(address)
+        await server.start()
+        self._grpc = server
+
+    async def _start_http(self) -> None:
+        import uvicorn
+
+        app = IngestHttpApp(self)
+        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, self.config.http_port))
+        sock.set_inheritable(True)
+        self.http_port = sock.getsockname()[1]
+        uv_config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            ssl_certfile=self.config.tls_cert if self.config.tls else None,
+            ssl_keyfile=self.config.tls_key if self.config.tls else None,
+            ssl_ca_certs=self.config.tls_client_ca if self.config.tls else None,
+            ssl_cert_reqs=2 if self.config.tls and self.config.tls_client_ca else 0,
+            timeout_graceful_shutdown=int(self.config.shutdown_grace_seconds),
+        )
+        uv_config.load()
+        server = uvicorn.Server(uv_config)
+        server.lifespan = uv_config.lifespan_class(uv_config)
+        await server.startup(sockets=[sock])
+        self._http = server
+
+    async def _set_health(self, serving: bool) -> None:
+        self.healthy = serving
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", SERVICE):
+            await self._health.set(service, status)
+
+    def _set_health_threadsafe(self, serving: bool) -> None:
+        if serving != self.healthy and self._loop is not None:
+            self.healthy = serving
+            with contextlib.suppress(RuntimeError):  # the loop is gone: shutting down
+                asyncio.run_coroutine_threadsafe(self._set_health(serving), self._loop)
+
+    # Shared by both transports ----------------------------------------------------------------
+
+    def producer(self, on_commit: Callable[[int, list[float]], None]) -> Producer:
+        """A queue into the log whose commit notice runs `on_commit` on the event loop."""
+        loop = self._loop
+        assert loop is not None
+
+        def notify(seq: int, received: list[float]) -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(on_commit, seq, received)
+
+        return Producer(on_commit=notify)
+
+    def offer(self, producer: Producer, row: dict | None, seq: int, received: float) -> None:
+        assert self._writer is not None
+        self._writer.offer(producer, row, seq, received)
+
+    async def room(self) -> None:
+        """Wait while the writer is too far behind (back-pressure on the agents)."""
+        assert self._writer is not None
+        while self._writer.pending_rows > self.config.max_pending_rows:
+            await asyncio.sleep(0.005)
+
+    def count_received(self, source: str, cluster: str) -> None:
+        child = self._received.get((source, cluster))
+        if child is None:
+            child = self._received[(source, cluster)] = self.metrics.received.labels(source, cluster)
+        child.inc()  # type: ignore[attr-defined]
+
+    def count_refused(self, source: str, cluster: str, reason: str) -> None:
+        self.metrics.errors.labels(source, cluster, reason).inc()
+
+    # gRPC -------------------------------------------------------------------------------------
+
+    def _handler(self, source: str) -> Callable[[object, grpc.aio.ServicerContext], Awaitable[None]]:
+        async def handle(_requests: object, context: grpc.aio.ServicerContext) -> None:
+            await self._serve_stream(source, context)
+
+        return handle
+
+    async def _serve_stream(self, source: str, context: grpc.aio.ServicerContext) -> None:
+        metadata = {key.lower(): value for key, value in (context.invocation_metadata() or ())}
+        try:
+            token_cluster = self.config.tokens.cluster_of(metadata.get("authorization"))
+        except Unauthenticated as exc:
+            self.count_refused(source, "", "unauthenticated")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+            return
+        node = metadata.get("node_name", "")
+        origin = Origin(
+            source, token_cluster, self.config.default_cluster, node if isinstance(node, str) else ""
+        )
+        stream = _Stream(self.metrics, source)
+        producer = self.producer(stream.committed)
+        addr = context.peer() or "unknown"
+        self.metrics.stream_opened(addr, source)
+        reader = asyncio.create_task(self._read_stream(context, origin, stream, producer))
+        try:
+            while (reply := await stream.replies.get()) is not None:
+                await context.write(reply)
+            await reader
+        finally:
+            reader.cancel()
+            self.metrics.stream_closed(addr, source)
+
+    async def _read_stream(
+        self, context: grpc.aio.ServicerContext, origin: Origin, stream: _Stream, producer: Producer
+    ) -> None:
+        seq = 0
+        max_bytes = self.config.max_event_bytes
+        fallback_cluster = origin.token_cluster or origin.default_cluster
+        while (raw := await context.read()) is not grpc.aio.EOF:
+            seq += 1
+            received = time.monotonic()
+            try:
+                row = from_grpc(raw, origin, datetime.now(UTC), max_bytes)
+            except Refused as exc:
+                self.count_received(origin.source, fallback_cluster)
+                self.count_refused(origin.source, fallback_cluster, exc.reason)
+                stream.refused(seq, exc)
+                self.offer(producer, None, seq, received)
+                continue
+            self.count_received(origin.source, row["cluster_name"])
+            self.offer(producer, row, seq, received)
+            if self._writer is not None and self._writer.pending_rows > self.config.max_pending_rows:
+                await self.room()
+        stream.end_of_input(seq)
+
+
+def serve_forever(config: IngestConfig) -> int:
+    """Run until SIGTERM or SIGINT, then stop gracefully (what `lens ingest` does)."""
+
+    async def main() -> None:
+        server = IngestServer(config)
+        await server.start()
+        print(
+            f"lens ingest: gRPC on {config.host}:{server.grpc_port}"
+            f"{' (TLS)' if config.tls else ''}, HTTP on {config.host}:{server.http_port}; "
+            f"{'per-cluster tokens' if config.tokens.required else f'default cluster {config.default_cluster!r}'}",
+            flush=True,
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        print("lens ingest: stopping (finishing open streams, committing queued events)", flush=True)
+        await server.stop()
+
+    asyncio.run(main())
+    return 0
+
+
+class RunningServer:
+    """An `IngestServer` on its own loop in a background thread (tests, benchmarks, the demo)."""
+
+    def __init__(self, config: IngestConfig) -> None:
+        self.server = IngestServer(config)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lens-ingest", daemon=True)
+
+    def __enter__(self) -> IngestServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(60)
+        return self.server
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(60)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
