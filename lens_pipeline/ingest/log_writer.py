@@ -130,5 +130,9 @@ class LogWriter:
                     delay,
                     str(exc).splitlines()[0],
                 )
+            except Exception:
+                # Not the database's weather: still never lose the round or the writer thread.
+                self.on_health(False)
+                log.exception("event log commit of %d events failed, retrying in %.1f s", len(rows), delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)

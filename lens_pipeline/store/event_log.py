@@ -33,6 +33,7 @@ def log_transaction(engine: Engine) -> Iterator[Connection]:
         dialect = conn.dialect.name
         if dialect in ("mysql", "mariadb"):
             conn.execute(text("SELECT GET_LOCK(:k, 60)"), {"k": _MYSQL_LOCK})
+            conn.commit()  # the named lock outlives transactions; end the one the SELECT began
         try:
             with conn.begin():
                 if dialect == "postgresql":

@@ -1,0 +1,61 @@
+"""What the ingest tests share: a server on real sockets, and an agent built from the original proto."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import grpc
+
+from lens_pipeline.ingest.config import IngestConfig
+from lens_pipeline.ingest.server import IngestServer, RunningServer
+from lens_pipeline.sim import node_agent as agent
+
+CREATED_NS = 1_763_700_000_000_000_000  # 2025-11-21, as the CRI reports it
+
+
+@contextmanager
+def ingest_server(database_url: str, **overrides: object) -> Iterator[IngestServer]:
+    config = IngestConfig(
+        database_url=database_url,
+        host="127.0.0.1",
+        grpc_port=0,
+        http_port=0,
+        default_cluster="east",
+        **overrides,
+    )
+    with RunningServer(config) as server:
+        yield server
+
+
+@contextmanager
+def channel(server: IngestServer) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+        yield ch
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def gpu_container(index: int, status: str, *, vendor: str = "amd", gpus: int = 2, nics: int = 1) -> dict:
+    """A real-shaped k8s container of pod `train-<index>` holding `gpus` GPUs and `nics` RDMA NICs."""
+    make_gpu = agent.amd_gpu if vendor == "amd" else agent.nvidia_gpu
+    return agent.k8s_container(
+        container_id(index),
+        name="trainer",
+        pod_name=f"train-{index}",
+        pod_namespace="ml",
+        pod_uid=f"00000000-0000-4000-8000-{index:012d}",
+        status=status,
+        created_ns=CREATED_NS + index * 1_000_000_000,
+        gpus=[make_gpu(g, index) for g in range(gpus)],
+        nics=[agent.infiniband(n, index) for n in range(nics)],
+    )
+
+
+def container_id(index: int) -> str:
+    return f"{index:064x}"
