@@ -31,7 +31,7 @@ from lens_pipeline.store.schema import (
 from lens_pipeline_tests.defs.test_collectors_against_truth import table, truth
 
 IDLE_BELOW = 5.0
-STATISTICS = {"step_seconds": 1, "idle_threshold_percent": IDLE_BELOW, "first_window_minutes": 1}
+STATISTICS = {"step_seconds": 1, "idle_threshold_percent": IDLE_BELOW, "first_window_seconds": 60}
 
 
 def run_cluster(cluster: str, registry, lens_url: str, safe_url: str, instance) -> None:

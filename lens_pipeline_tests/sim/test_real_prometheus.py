@@ -17,19 +17,28 @@ import pytest
 import yaml
 from dagster import instance_for_test, materialize
 
+from lens_pipeline.collect.overview import OVERVIEW_FIGURES
 from lens_pipeline.defs import resources
 from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
-from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase
+from lens_pipeline.defs.collectors.schedules import COLLECTORS
+from lens_pipeline.defs.derived.assets import VIEWS
+from lens_pipeline.defs.resources import (
+    ClusterRegistryResource,
+    LensDatabase,
+    PrometheusResource,
+    SafeDatabase,
+)
 from lens_pipeline.prom.reader import PromReader
 from lens_pipeline.sim.exporters import scrape
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import prometheus_config, write_registry
 from lens_pipeline.sim.server import SimServer
-from lens_pipeline.store.schema import gpu_device
+from lens_pipeline.store.schema import cluster_overview_cache, gpu_device, workload_statistic
 from lens_pipeline.vendors import INFINIBAND, PROFILES
 from lens_pipeline_tests.conftest import skip_unless
 from lens_pipeline_tests.defs.test_collectors_against_truth import DEVICE_COLUMNS, table, truth
+from lens_pipeline_tests.defs.test_derived_against_truth import STATISTICS, gpus_by_pod, workload_gpus
 from lens_pipeline_tests.defs.test_gpu_nodes import assert_table_equals_truth
 
 READY_TIMEOUT = 60.0
@@ -105,6 +114,9 @@ def pipeline_queries(vendor: str) -> list[str]:
         profile.identity_query(),
         *(profile.figure_query(figure) for figure in profile.device_metrics),
         INFINIBAND.info_query(),
+        *profile.utilization_sum_queries(),
+        *profile.pod_utilization_queries(101)[:2],  # per pod: utilization sum and GPU count
+        profile.pod_utilization_queries(101)[2],  # GPUs under 101 %: all of them
     ]
 
 
@@ -179,3 +191,70 @@ def test_the_overview_truth_is_what_a_real_prometheus_computes(scraped):
         for query, expected in figures.items():
             (sample,) = real.vector(query)
             assert sample.value == pytest.approx(expected, rel=0.02), query
+
+
+def _wait_for_history(url: str, seconds: int) -> None:
+    """Until every target has been scraped for `seconds` (a `rate` over that window is then exact)."""
+    reader = PromReader("real", url, timeout_seconds=5)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        scrapes = reader.vector(f"min(count_over_time(up[{seconds + 3}s]))")
+        if scrapes and scrapes[0].value >= seconds:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"Prometheus at {url} has not {seconds} s of history")
+
+
+def test_overview_and_workload_statistics_on_a_real_prometheus_equal_the_truth(scraped, tmp_path):
+    """The overview's PromQL (utilization, JuiceFS per volume, RDMA rates) and the per-pod range and
+    instant queries of the workload statistics, answered by a real Prometheus scraping the
+    simulator: the stored rows are what the ground truth says."""
+    fleet, server, urls, _ = scraped
+    registry = write_registry(tmp_path / "clusters.yaml", server)
+    document = yaml.safe_load(registry.read_text())
+    for entry in document["clusters"]:
+        entry["prometheus_url"] = urls[entry["name"]]
+    registry.write_text(yaml.safe_dump(document))
+    url = f"sqlite:///{tmp_path / 'lens.db'}"
+    checked = 0
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("cluster", [c.name for c in fleet])
+        for cluster in fleet:
+            _wait_for_history(urls[cluster.name], 10)
+            result = materialize(
+                [*COLLECTORS, *VIEWS],
+                partition_key=cluster.name,
+                instance=instance,
+                # The window starts after every target was scraped (older points see part of the GPUs).
+                run_config={
+                    "ops": {"workload_gpu_statistics": {"config": {**STATISTICS, "first_window_seconds": 5}}}
+                },
+                resources={
+                    **resources.defs.resources,
+                    "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                    "prometheus": PrometheusResource(rate_window="10s"),
+                    "lens_db": LensDatabase(url=url),
+                    "safe_db": SafeDatabase(url=f"sqlite:///{tmp_path / 'safe.db'}"),
+                },
+            )
+            assert result.success
+            want = truth(server, cluster.name)
+            (row,) = table(url, cluster_overview_cache, cluster.name)
+            assert {f: row[f] for f in OVERVIEW_FIGURES} == pytest.approx(want["overview"], rel=0.02)
+
+            gpus = gpus_by_pod(cluster)
+            stats = {r["uid"]: r for r in table(url, workload_statistic, cluster.name)}
+            for uid, held in workload_gpus(want, gpus).items():
+                row = stats[uid]
+                if not held:
+                    assert row["sample_count"] == 0
+                    continue
+                util = sum(held) / len(held)
+                assert row["sample_count"] > 0
+                for figure in ("instant", "avg", "min", "max"):
+                    assert row[f"{figure}_gpu_utilization"] == pytest.approx(util), (uid, figure)
+                assert row["allocated_gpu_seconds"] == pytest.approx(len(held) * row["sample_count"])
+                idle = sum(v < STATISTICS["idle_threshold_percent"] for v in held)
+                assert row["idle_gpu_seconds"] == pytest.approx(idle * row["sample_count"])
+                checked += 1
+    assert checked, "no workload held a GPU"

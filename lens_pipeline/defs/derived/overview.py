@@ -126,12 +126,12 @@ def cluster_overview_cache(
     return MaterializeResult(
         metadata={
             "cluster": cluster.name,
-            "allocation_rate": MetadataValue.float(round(row["allocation_rate"], 3)),
-            "utilization": MetadataValue.float(round(row["utilization"], 3)),
+            "allocation_rate": MetadataValue.float(round(float(row["allocation_rate"]), 3)),
+            "utilization": MetadataValue.float(round(float(row["utilization"]), 3)),
             **{name: MetadataValue.int(int(row[name])) for name in NODE_COUNTS},
-            "storage_usage_percentage": MetadataValue.float(round(row["storage_usage_percentage"], 3)),
-            "rdma_total_rx": MetadataValue.float(row["rdma_total_rx"]),
-            "rdma_total_tx": MetadataValue.float(row["rdma_total_tx"]),
+            "storage_usage_percentage": MetadataValue.float(round(float(row["storage_usage_percentage"]), 3)),
+            "rdma_total_rx": MetadataValue.float(float(row["rdma_total_rx"])),
+            "rdma_total_tx": MetadataValue.float(float(row["rdma_total_tx"])),
             "prometheus_queries": prom.queries if prom is not None else 0,
             "duration_seconds": round((datetime.now(UTC) - started).total_seconds(), 3),
         },

@@ -53,8 +53,8 @@ class StatisticsConfig(Config):
     idle_threshold_percent: float = Field(
         default=5.0, ge=0, le=100, description="a held GPU under this utilization counts as idle"
     )
-    first_window_minutes: int = Field(
-        default=10, ge=1, description="how far back the first run of a cluster reads (later runs continue)"
+    first_window_seconds: int = Field(
+        default=600, ge=1, description="how far back the first run of a cluster reads (later runs continue)"
     )
 
 
@@ -126,8 +126,8 @@ def workload_gpu_statistics(
         cursor = statistics_cursor(conn, cluster.name)
 
     # The window continues where the last run stopped, on multiples of the step, so no point is
-    # read twice or skipped; a long pause is read from `first_window_minutes` back only.
-    floor = (now - timedelta(minutes=config.first_window_minutes)).timestamp()
+    # read twice or skipped; a long pause is read from `first_window_seconds` back only.
+    floor = (now - timedelta(seconds=config.first_window_seconds)).timestamp()
     first = math.floor(max(cursor.timestamp() if cursor else floor, floor) / step) * step + step
     last = math.floor(now.timestamp() / step) * step
     prom = prometheus.reader(cluster)
@@ -234,9 +234,9 @@ def workload_gpu_statistics(
             "window_start": _utc(first).isoformat() if queried else "",
             "window_end": _utc(last).isoformat() if queried else "",
             "window_points": int((last - first) // step) + 1 if queried else 0,
-            "idle_gpu_seconds": MetadataValue.float(sum(w.idle_gpu_seconds for w in windows.values())),
+            "idle_gpu_seconds": MetadataValue.float(float(sum(w.idle_gpu_seconds for w in windows.values()))),
             "allocated_gpu_seconds": MetadataValue.float(
-                sum(w.allocated_gpu_seconds for w in windows.values())
+                float(sum(w.allocated_gpu_seconds for w in windows.values()))
             ),
             "prometheus_queries": prom.queries if prom is not None else 0,
             "duration_seconds": round((datetime.now(UTC) - started).total_seconds(), 3),
