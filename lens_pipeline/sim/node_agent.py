@@ -233,19 +233,30 @@ def stream_events(
     """Send `events` on one stream and read the replies until the server closes it."""
     call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)
     result = StreamResult()
-    reply_class = original_event_class()
     try:
         for raw in call(iter(events), metadata=tuple(metadata), timeout=timeout):
             result.replies += 1
-            reply = reply_class.FromString(raw)
-            sequence, error = _extra_fields(raw)
+            reply = read_reply(raw)
             if reply.type == "ack":
-                result.acked = max(result.acked, sequence)
+                result.acked = max(result.acked, reply.sequence)
             elif reply.type == "error":
-                result.errors[sequence] = error
+                result.errors[reply.sequence] = reply.error
     except grpc.RpcError as exc:
         result.code, result.details = exc.code(), exc.details() or ""
     return result
+
+
+@dataclass(frozen=True)
+class Reply:
+    type: str  # "ack" | "error"
+    sequence: int
+    error: str
+
+
+def read_reply(raw: bytes) -> Reply:
+    """A server reply: `type` through the original message, fields 7 and 8 from the bytes."""
+    sequence, error = _extra_fields(raw)
+    return Reply(original_event_class().FromString(raw).type, sequence, error)
 
 
 def _extra_fields(data: bytes) -> tuple[int, str]:
