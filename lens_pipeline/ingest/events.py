@@ -152,6 +152,45 @@ def from_json(event: Any, origin: Origin, received_at: Any, max_bytes: int = DEF
     )
 
 
+def split_batch(raw: bytes) -> tuple[list[bytes], str]:
+    """The serialized events of a `ContainerEventBatch` and its source, without decoding the events
+    (each is then checked alone, so one bad event does not sink its neighbours)."""
+    events: list[bytes] = []
+    source = "k8s"
+    i, end = 0, len(raw)
+    try:
+        while i < end:
+            key, i = _varint(raw, i)
+            if key & 7 != 2:  # every field of the batch is length-delimited
+                raise Refused(
+                    "malformed", f"not a ContainerEventBatch: field {key >> 3} has wire type {key & 7}"
+                )
+            length, i = _varint(raw, i)
+            if i + length > end:
+                raise Refused("malformed", "not a ContainerEventBatch: truncated")
+            if key >> 3 == 1:
+                events.append(raw[i : i + length])
+            elif key >> 3 == 2:
+                source = raw[i : i + length].decode()
+            i += length
+    except (IndexError, UnicodeDecodeError):
+        raise Refused("malformed", "not a ContainerEventBatch: truncated or invalid UTF-8") from None
+    if source not in SOURCES:
+        raise Refused("unknown_source", f"batch source {source!r} is not one of {list(SOURCES)}")
+    return events, source
+
+
+def _varint(raw: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        byte = raw[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+
+
 def _check_ids(event_type: str, container_id: str, node: str) -> None:
     if not container_id:
         raise Refused("missing_container_id", f"event {event_type!r} has no container_id")

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from lens_pipeline.ingest import exporter_pb2
 from lens_pipeline.ingest.config import IngestConfig, Unauthenticated
-from lens_pipeline.ingest.events import ContainerEvent, Origin, Refused, from_grpc
+from lens_pipeline.ingest.events import ContainerEvent, Origin, Refused, from_grpc, split_batch
 from lens_pipeline.ingest.http import IngestHttpApp
 from lens_pipeline.ingest.log_writer import LogWriter, Producer
 from lens_pipeline.ingest.metrics import IngestMetrics
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 
 SERVICE = exporter_pb2.DESCRIPTOR.services_by_name["ExporterService"].full_name
 METHOD_SOURCES = {"StreamContainerEvents": "k8s", "StreamDockerContainerEvents": "docker"}
+BATCH_METHOD = "StreamContainerEventBatches"
 
 
 class _Stream:
@@ -129,6 +131,7 @@ class IngestServer:
             method: grpc.stream_stream_rpc_method_handler(self._handler(source))
             for method, source in METHOD_SOURCES.items()
         }
+        handlers[BATCH_METHOD] = grpc.stream_stream_rpc_method_handler(self._handler("k8s", batches=True))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -224,13 +227,15 @@ class IngestServer:
 
     # gRPC -------------------------------------------------------------------------------------
 
-    def _handler(self, source: str) -> Callable[[object, grpc.aio.ServicerContext], Awaitable[None]]:
+    def _handler(
+        self, source: str, *, batches: bool = False
+    ) -> Callable[[object, grpc.aio.ServicerContext], Awaitable[None]]:
         async def handle(_requests: object, context: grpc.aio.ServicerContext) -> None:
-            await self._serve_stream(source, context)
+            await self._serve_stream(source, context, batches)
 
         return handle
 
-    async def _serve_stream(self, source: str, context: grpc.aio.ServicerContext) -> None:
+    async def _serve_stream(self, source: str, context: grpc.aio.ServicerContext, batches: bool) -> None:
         metadata = {key.lower(): value for key, value in (context.invocation_metadata() or ())}
         try:
             token_cluster = self.config.tokens.cluster_of(metadata.get("authorization"))
@@ -246,7 +251,7 @@ class IngestServer:
         producer = self.producer(stream.committed)
         addr = context.peer() or "unknown"
         self.metrics.stream_opened(addr, source)
-        reader = asyncio.create_task(self._read_stream(context, origin, stream, producer))
+        reader = asyncio.create_task(self._read_stream(context, origin, stream, producer, batches))
         try:
             while (reply := await stream.replies.get()) is not None:
                 await context.write(reply)
@@ -256,27 +261,55 @@ class IngestServer:
             self.metrics.stream_closed(addr, source)
 
     async def _read_stream(
-        self, context: grpc.aio.ServicerContext, origin: Origin, stream: _Stream, producer: Producer
+        self,
+        context: grpc.aio.ServicerContext,
+        origin: Origin,
+        stream: _Stream,
+        producer: Producer,
+        batches: bool,
     ) -> None:
         seq = 0
-        max_bytes = self.config.max_event_bytes
         fallback_cluster = origin.token_cluster or origin.default_cluster
-        while (raw := await context.read()) is not grpc.aio.EOF:
-            seq += 1
+        while (message := await context.read()) is not grpc.aio.EOF:
             received = time.monotonic()
-            try:
-                row = from_grpc(raw, origin, datetime.now(UTC), max_bytes)
-            except Refused as exc:
-                self.count_received(origin.source, fallback_cluster)
-                self.count_refused(origin.source, fallback_cluster, exc.reason)
-                stream.refused(seq, exc)
-                self.offer(producer, None, seq, received)
-                continue
-            self.count_received(origin.source, row["cluster_name"])
-            self.offer(producer, row, seq, received)
+            events, message_origin = [message], origin
+            if batches:
+                try:
+                    events, source = split_batch(message)
+                except Refused as exc:  # the batch itself is unreadable: it counts as one event
+                    seq += 1
+                    self._refuse(origin, fallback_cluster, stream, producer, seq, received, exc)
+                    continue
+                if source != origin.source:
+                    message_origin = replace(origin, source=source)
+            now = datetime.now(UTC)
+            for raw in events:
+                seq += 1
+                try:
+                    row = from_grpc(raw, message_origin, now, self.config.max_event_bytes)
+                except Refused as exc:
+                    self._refuse(message_origin, fallback_cluster, stream, producer, seq, received, exc)
+                    continue
+                self.count_received(message_origin.source, row["cluster_name"])
+                self.offer(producer, row, seq, received)
             if self._writer is not None and self._writer.pending_rows > self.config.max_pending_rows:
                 await self.room()
         stream.end_of_input(seq)
+
+    def _refuse(
+        self,
+        origin: Origin,
+        cluster: str,
+        stream: _Stream,
+        producer: Producer,
+        seq: int,
+        received: float,
+        exc: Refused,
+    ) -> None:
+        self.count_received(origin.source, cluster)
+        self.count_refused(origin.source, cluster, exc.reason)
+        stream.refused(seq, exc)
+        self.offer(producer, None, seq, received)
 
 
 def serve_forever(config: IngestConfig) -> int:

@@ -23,6 +23,8 @@ CONTRACT = Path(__file__).resolve().parents[1] / "ingest" / "contract" / "export
 SERVICE = "/exporter.ExporterService/"
 K8S_METHOD = SERVICE + "StreamContainerEvents"
 DOCKER_METHOD = SERVICE + "StreamDockerContainerEvents"
+# lens ingest's added method: `ContainerEventBatch {repeated ContainerEvent events = 1; string source = 2}`.
+BATCH_METHOD = SERVICE + "StreamContainerEventBatches"
 # Reply fields beyond the original message, read by number from the unknown fields.
 ACK_SEQUENCE_FIELD = 7
 ERROR_FIELD = 8
@@ -72,6 +74,14 @@ def with_extra_fields(raw: bytes, *, event_id: str | None = None, cluster: str |
             encoded = value.encode()
             extra += _varint(number << 3 | 2) + _varint(len(encoded)) + encoded
     return raw + extra
+
+
+def batch(events: Sequence[bytes], source: str = "k8s") -> bytes:
+    """A `ContainerEventBatch` of serialized events, written field by field (not in the original proto)."""
+    parts = [_varint(1 << 3 | 2) + _varint(len(raw)) + raw for raw in events]
+    if source != "k8s":
+        parts.append(_varint(2 << 3 | 2) + _varint(len(source)) + source.encode())
+    return b"".join(parts)
 
 
 def _varint(value: int) -> bytes:

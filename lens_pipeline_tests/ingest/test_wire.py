@@ -294,3 +294,19 @@ def test_both_original_methods_are_served(sqlite_url, method):
     )
     with ingest_server(sqlite_url) as server, channel(server) as ch:
         assert agent.stream_events(ch, [agent.event("snapshot", "d1", data)], method=method).acked == 1
+
+
+def test_a_batch_is_answered_event_by_event(sqlite_url):
+    good = [agent.event("Running", container_id(i), gpu_container(i, "Running"), "n1") for i in range(1, 5)]
+    first = agent.batch([good[0], b"\xff\xff", good[1]])
+    second = agent.batch([good[2], agent.event("Nope", container_id(9), {}), good[3]])
+    docker_data = agent.docker_container("d1", name="x", status="", started_at="")
+    docker = agent.batch([agent.event("snapshot", "d1", docker_data)], "docker")
+    with ingest_server(sqlite_url) as server, channel(server) as ch:
+        result = agent.stream_events(ch, [first, second, docker, b"\x08\x01"], method=agent.BATCH_METHOD)
+    assert result.code is None and result.acked == 8  # 7 events + 1 unreadable batch
+    assert sorted(result.errors) == [2, 5, 8]
+    assert _table(sqlite_url, container_event_log, "source", "container_id") == {
+        *(("k8s", container_id(i)) for i in range(1, 5)),
+        ("docker", "d1"),
+    }
