@@ -102,7 +102,9 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
     )
     metrics.register(_FleetCollector(engine))
 
-    def authorize(request: Request) -> None:
+    cached_overview = queries.OverviewReader(engine)
+
+    async def authorize(request: Request) -> None:
         if token is None:
             return
         header = request.headers.get("authorization", "")
@@ -151,13 +153,22 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
     def prometheus_metrics() -> Response:
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/clusters/overview", dependencies=guarded, summary="The cluster overview (spec §3)")
-    async def overview(cluster: str | None = None) -> Response:
-        # The hot path: one indexed read, no thread hop (the read takes microseconds).
-        name = resolve(cluster)
-        with engine.connect() as conn:
-            row = queries.cached_overview(conn, name)
-            if row is None:
+    @app.get(
+        "/v1/clusters/overview",
+        summary="The cluster overview (spec §3)",
+        openapi_extra={
+            "parameters": [
+                {"name": "cluster", "in": "query", "required": False, "schema": {"type": "string"}}
+            ]
+        },
+    )
+    async def overview(request: Request) -> Response:
+        # The hot path: no dependency solving, no thread hop, one indexed read (microseconds).
+        await authorize(request)
+        name = resolve(request.query_params.get("cluster"))
+        row = cached_overview(name)
+        if row is None:
+            with engine.connect() as conn:
                 row = queries.live_overview(conn, name)
         if row is None:
             raise ApiError(404, f"cluster {name!r} not found")

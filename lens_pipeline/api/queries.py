@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, or_, select
+from sqlalchemy import Connection, Engine, and_, bindparam, func, or_, select
 from sqlalchemy.sql import ColumnElement
 
-from lens_pipeline.collect.overview import overview_row, weighted_utilization
+from lens_pipeline.collect.overview import OVERVIEW_FIGURES, overview_row, weighted_utilization
 from lens_pipeline.store.overview import overview_nodes
 from lens_pipeline.store.schema import (
     cluster_overview_cache,
@@ -69,12 +69,30 @@ def _rows(conn: Connection, query: Any) -> list[Row]:
     return [dict(r) for r in conn.execute(query).mappings()]
 
 
-def cached_overview(conn: Connection, cluster: str) -> Row | None:
-    """The cluster's cached overview: one read of the unique index on `cluster_name`."""
-    row = conn.execute(
-        select(cluster_overview_cache).where(cluster_overview_cache.c.cluster_name == cluster)
-    ).first()
-    return dict(row._mapping) if row is not None else None
+class OverviewReader:
+    """The cluster's cached overview: one read of the unique index on `cluster_name`, as SQL compiled
+    once for the engine's dialect and sent straight to the driver (the hot path of the API)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.columns = ("cluster_name", *OVERVIEW_FIGURES)
+        query = select(*(cluster_overview_cache.c[c] for c in self.columns)).where(
+            cluster_overview_cache.c.cluster_name == bindparam("cluster")
+        )
+        self.sql = str(query.compile(dialect=engine.dialect))
+        self.named = engine.dialect.paramstyle in ("named", "pyformat")
+
+    def __call__(self, cluster: str) -> Row | None:
+        params: Any = {"cluster": cluster} if self.named else (cluster,)
+        connection = self.engine.raw_connection()  # from the pool, back to it on close
+        try:
+            cursor = connection.cursor()
+            cursor.execute(self.sql, params)
+            row = cursor.fetchone()
+            cursor.close()
+        finally:
+            connection.close()
+        return dict(zip(self.columns, row, strict=True)) if row is not None else None
 
 
 def live_overview(conn: Connection, cluster: str) -> Row | None:
