@@ -235,8 +235,9 @@ def _pb_shape(data: Any, source: str) -> _Shape:
     fields = data.fields
     expected = _K8S_FIELDS if source == "k8s" else _DOCKER_FIELDS
     for key, kind in expected.items():
-        if key in fields:
-            found = _PB_KIND.get(fields[key].WhichOneof("kind"), "null")
+        value = fields.get(key)
+        if value is not None:
+            found = _PB_KIND.get(value.WhichOneof("kind"), "null")
             if found not in (kind, "null"):
                 raise Refused("malformed_data", f"data.{key} must be a {kind}, not a {found}")
     if source == "docker":

@@ -1,0 +1,265 @@
+"""Sustained ingest into `lens ingest`: concurrent streaming agents in other processes, durable acks.
+
+Starts `lens ingest` as its own process on a fresh database (a new PostgreSQL database on the
+server of `--database-url`, or a SQLite file), then client processes that each hold `--streams`
+gRPC streams and send real-shaped, distinct container events (8 GPUs and one RDMA NIC each, about
+2.2 KB) as fast as acknowledgements allow (at most `--window` unacknowledged events per stream, as
+an agent's buffer). An event counts once the server acknowledged it, i.e. after it was committed
+to the event log. Reports events/s, send->ack latency percentiles, the log's row count (must equal
+the acknowledged count) and the CPU each process used.
+
+    .venv/bin/python bench/bench_ingest.py --database-url postgresql+psycopg2://postgres@127.0.0.1:5432/postgres
+    .venv/bin/python bench/bench_ingest.py --mode stream     # one gRPC message per event (original agents)
+    .venv/bin/python bench/bench_ingest.py                   # SQLite
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lens_pipeline.sim import node_agent as agent  # noqa: E402
+from lens_pipeline_tests.ingest.support import gpu_container  # noqa: E402
+
+PLACEHOLDER = "f" * 64
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--database-url", default=None, help="PostgreSQL server URL (default: SQLite)")
+    parser.add_argument("--mode", choices=("batch", "stream"), default="batch")
+    parser.add_argument("--batch", type=int, default=200, help="events per message in batch mode")
+    parser.add_argument("--clients", type=int, default=1, help="client processes")
+    parser.add_argument("--streams", type=int, default=8, help="streams per client process (agents)")
+    parser.add_argument("--window", type=int, default=1000, help="unacknowledged events per stream at most")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds not counted at the start")
+    parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client is not None:
+        print(json.dumps(asyncio.run(_client(args))))
+        return 0
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    database_url, cleanup = _fresh_database(args.database_url)
+    grpc_port, http_port = _free_port(), _free_port()
+    lens = Path(sys.executable).with_name("lens")
+    server = subprocess.Popen(
+        [
+            *(str(lens), "ingest", "--database-url", database_url, "--host", "127.0.0.1"),
+            *("--grpc-port", str(grpc_port), "--http-port", str(http_port), "--default-cluster", "bench"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_healthy(grpc_port)
+        server_cpu0 = _cpu_seconds(server.pid)
+        command = [
+            sys.executable,
+            __file__,
+            "--port",
+            str(grpc_port),
+            "--mode",
+            args.mode,
+            "--batch",
+            str(args.batch),
+        ]
+        command += ["--streams", str(args.streams), "--window", str(args.window)]
+        command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+        clients = [
+            subprocess.Popen([*command, "--client", str(index)], stdout=subprocess.PIPE, text=True)
+            for index in range(args.clients)
+        ]
+        reports = [json.loads(c.communicate()[0]) for c in clients]
+        server_cpu = _cpu_seconds(server.pid) - server_cpu0
+        logged = _count_log(database_url)
+    finally:
+        server.terminate()
+        server.wait(30)
+        cleanup()
+    measured = sum(r["measured_events"] for r in reports)
+    window = max(r["measured_seconds"] for r in reports)
+    latencies = sorted(x for r in reports for x in r["latencies"])
+    acked = sum(r["acked"] for r in reports)
+
+    def pct(p: float) -> float:
+        return (
+            latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000 if latencies else float("nan")
+        )
+
+    dialect = "PostgreSQL" if database_url.startswith("postgresql") else "SQLite"
+    print(
+        f"database: {dialect}; mode: {args.mode}"
+        + (f" ({args.batch} events/message)" if args.mode == "batch" else "")
+    )
+    print(f"clients: {args.clients} processes x {args.streams} streams, window {args.window} events/stream")
+    print(
+        f"sustained: {measured / window:,.0f} events/s acknowledged over {window:.1f} s (after {args.warmup:g} s warm-up)"
+    )
+    print(f"send->ack latency: p50 {pct(0.50):.1f} ms, p99 {pct(0.99):.1f} ms, max {pct(1.0):.1f} ms")
+    print(f"acknowledged {acked:,} events; event log holds {logged:,} rows (must be >= acknowledged)")
+    client_cpu = sum(r["cpu_seconds"] for r in reports)
+    total = args.seconds + args.warmup
+    print(f"CPU: server {server_cpu:.1f} s, clients {client_cpu:.1f} s over {total:.0f} s wall")
+    return 0 if logged >= acked else 1
+
+
+async def _client(args: argparse.Namespace) -> dict:
+    data = gpu_container(0, "Running", gpus=8, nics=1)
+    template = agent.event("Running", PLACEHOLDER, {**data, "id": PLACEHOLDER}, "bench-node")
+    head, _, tail = template.partition(PLACEHOLDER.encode())
+    method = agent.BATCH_METHOD if args.mode == "batch" else agent.K8S_METHOD
+    per_message = args.batch if args.mode == "batch" else 1
+    start = time.monotonic()
+    measure_from, deadline = start + args.warmup, start + args.warmup + args.seconds
+    cpu0 = time.process_time()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{args.port}") as channel:
+        results = await asyncio.gather(
+            *(
+                _stream(
+                    channel,
+                    method,
+                    head,
+                    tail,
+                    args.client,
+                    k,
+                    per_message,
+                    args.window,
+                    measure_from,
+                    deadline,
+                )
+                for k in range(args.streams)
+            )
+        )
+    return {
+        "acked": sum(r[0] for r in results),
+        "measured_events": sum(r[1] for r in results),
+        "measured_seconds": args.seconds,
+        "latencies": [x for r in results for x in r[2]],
+        "cpu_seconds": time.process_time() - cpu0,
+    }
+
+
+async def _stream(channel, method, head, tail, client, k, per_message, window, measure_from, deadline):
+    call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)()
+    sent: deque[tuple[int, float]] = deque()  # (last sequence of a message, send time)
+    state = {"acked": 0, "measured": 0}
+    latencies: list[float] = []
+    room = asyncio.Event()
+    room.set()
+
+    async def read_acks() -> None:
+        async for raw in call:
+            reply = agent.read_reply(raw)
+            if reply.type != "ack":
+                continue
+            now = time.monotonic()
+            while sent and sent[0][0] <= reply.sequence:
+                _, at = sent.popleft()
+                if measure_from <= at and now <= deadline:
+                    latencies.append(now - at)
+                    state["measured"] += per_message
+            state["acked"] = reply.sequence
+            room.set()
+
+    reader = asyncio.create_task(read_acks())
+    seq = 0
+    prefix = f"{client:04x}{k:04x}"
+    while time.monotonic() < deadline:
+        if seq - state["acked"] >= window:
+            room.clear()
+            await room.wait()
+            continue
+        events = []
+        for _ in range(per_message):
+            seq += 1
+            events.append(head + f"{prefix}{seq:056x}".encode() + tail)
+        message = agent.batch(events) if per_message > 1 or method == agent.BATCH_METHOD else events[0]
+        sent.append((seq, time.monotonic()))
+        await call.write(message)
+    await call.done_writing()
+    await reader
+    return state["acked"], state["measured"], latencies[::10]
+
+
+def _fresh_database(url: str | None):
+    if not url:
+        directory = tempfile.TemporaryDirectory(prefix="lens-bench-ingest-")
+        return f"sqlite:///{directory.name}/lens.db", directory.cleanup
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"lens_bench_ingest_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+    return make_url(url).set(database=name).render_as_string(hide_password=False), drop
+
+
+def _count_log(url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        count = conn.execute(text("SELECT count(*) FROM container_event_log")).scalar()
+    engine.dispose()
+    return int(count)
+
+
+def _wait_healthy(port: int) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + 60
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        while time.monotonic() < deadline:
+            try:
+                if (
+                    health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                    == 1
+                ):
+                    return
+            except grpc.RpcError:
+                time.sleep(0.2)
+    raise RuntimeError("lens ingest did not become healthy")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
