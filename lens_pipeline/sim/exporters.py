@@ -10,6 +10,7 @@ scraping the same targets see the same series.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -135,12 +136,17 @@ COUNTERS = frozenset(
 COUNTING_JOBS = frozenset({NODE_EXPORTER_JOB, JUICEFS_JOB})
 
 
-def scrape(cluster: SimCluster) -> dict[Target, list[Sample]]:
-    """Every target of the cluster and the samples it answers with now."""
+def scrape(cluster: SimCluster, metrics: Collection[str] | None = None) -> dict[Target, list[Sample]]:
+    """Every target of the cluster and the samples it answers with now; with `metrics`, the targets
+    of counting jobs answer only those (the samples of the others are shared, not copied)."""
     cached = cluster.memo("exporter_targets", lambda: _build(cluster))
     seconds = cluster.now() - _COUNTER_EPOCH
     return {
-        target: [(m, labels, float(int(v * seconds)) if m in COUNTERS else v) for m, labels, v in samples]
+        target: [
+            (m, labels, float(int(v * seconds)) if m in COUNTERS else v)
+            for m, labels, v in samples
+            if metrics is None or m in metrics
+        ]
         if target.job in COUNTING_JOBS
         else samples
         for target, samples in cached.items()

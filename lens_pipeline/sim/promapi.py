@@ -3,6 +3,7 @@ cluster's exporter samples, and the exporters' text exposition for a real Promet
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -22,21 +23,44 @@ def _error(status: int, message: str) -> SimResponse:
     )
 
 
-def query_series(cluster: SimCluster) -> list[promql.Series]:
+def query_series(cluster: SimCluster, metrics: Collection[str] | None = None) -> list[promql.Series]:
     """Every scraped series as Prometheus stores it: `__name__`, the target's `job` and `instance`,
     and `node` for per-node targets (the label `write_prometheus_config` gives them). Series of
-    targets with counters are made anew (counters move with time); the others are cached."""
-    targets = exporters.scrape(cluster)
+    targets with counters are made anew (counters move with time); the others are cached. With
+    `metrics`, only the series of those metric names (what a query's selectors can match)."""
+    targets = exporters.scrape(cluster, metrics)
     steady = cluster.memo(
         "prometheus_series",
-        lambda: _series({t: v for t, v in targets.items() if t.job not in exporters.COUNTING_JOBS}),
+        lambda: _by_name(
+            _series({t: v for t, v in targets.items() if t.job not in exporters.COUNTING_JOBS})
+        ),
     )
-    return steady + _series({t: v for t, v in targets.items() if t.job in exporters.COUNTING_JOBS})
+    counting = _series({t: v for t, v in targets.items() if t.job in exporters.COUNTING_JOBS})
+    return _pick(steady, metrics) + counting
 
 
-def counter_series(cluster: SimCluster) -> list[promql.Series]:
+def counter_series(cluster: SimCluster, metrics: Collection[str] | None = None) -> list[promql.Series]:
     """The counters among `query_series` with their per-second rates as values, for `rate()`."""
-    return cluster.memo("prometheus_rates", lambda: _series(exporters.counter_rates(cluster)))
+    rates = cluster.memo("prometheus_rates", lambda: _by_name(_series(exporters.counter_rates(cluster))))
+    return _pick(rates, metrics)
+
+
+def _by_name(series: list[promql.Series]) -> dict[str, list[promql.Series]]:
+    grouped: dict[str, list[promql.Series]] = {}
+    for item in series:
+        grouped.setdefault(item[0]["__name__"], []).append(item)
+    return grouped
+
+
+def _pick(by_name: dict[str, list[promql.Series]], metrics: Collection[str] | None) -> list[promql.Series]:
+    names = by_name if metrics is None else metrics
+    return [item for name in names for item in by_name.get(name, ())]
+
+
+def _evaluate(cluster: SimCluster, query: str) -> list[promql.Series]:
+    # A selector names its metric: hand the evaluator only those series, not all of the cluster's.
+    metrics = promql.metric_names(promql.parse(query))
+    return promql.evaluate(query, query_series(cluster, metrics), counter_series(cluster, metrics))
 
 
 def _series(targets: dict[exporters.Target, list[exporters.Sample]]) -> list[promql.Series]:
@@ -98,7 +122,7 @@ def _instant_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
         return _error(400, 'invalid parameter "query": query must not be empty')
     try:
         at = _parse_time((form.get("time") or [None])[-1], cluster.now())
-        result = promql.evaluate(query, query_series(cluster), counter_series(cluster))
+        result = _evaluate(cluster, query)
     except promql.PromQLError as exc:
         return _error(400, f'invalid parameter "query": {exc}')
     except ValueError as exc:
@@ -129,7 +153,7 @@ def _range_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
         step = float((form.get("step") or ["60"])[-1])
         if not query or step <= 0 or end < start or (end - start) / step > 11_000:
             raise ValueError("query_range needs a query, 0 < step, start <= end and at most 11,000 points")
-        result = promql.evaluate(query, query_series(cluster), counter_series(cluster))
+        result = _evaluate(cluster, query)
     except promql.PromQLError as exc:
         return _error(400, f'invalid parameter "query": {exc}')
     except ValueError as exc:

@@ -285,6 +285,16 @@ def parse(query: str) -> Expr:
     return _Parser(query).parse()
 
 
+def metric_names(expr: Expr) -> frozenset[str] | None:
+    """The metric names whose series the expression can read, or None when a selector has no
+    `__name__="..."` matcher (then every series is a candidate)."""
+    if isinstance(expr, (Aggregation, Comparison)):
+        return metric_names(expr.inner)
+    selector = expr.selector if isinstance(expr, Rate) else expr
+    names = [m.value for m in selector.matchers if m.label == "__name__" and m.op == "="]
+    return frozenset(names[:1]) if names else None
+
+
 def evaluate(query: str, series: Iterable[Series], rates: Iterable[Series] = ()) -> list[Series]:
     """Evaluate an instant query; results are sorted by label set so answers are deterministic.
     `rates` are the per-second rates of the counters among `series`, for `rate` and `irate`."""
