@@ -240,7 +240,11 @@ def test_overview_and_workload_statistics_on_a_real_prometheus_equal_the_truth(s
             assert result.success
             want = truth(server, cluster.name)
             (row,) = table(url, cluster_overview_cache, cluster.name)
-            assert {f: row[f] for f in OVERVIEW_FIGURES} == pytest.approx(want["overview"], rel=0.02)
+            # Rates come from counters scraped with jitter (more so on a busy machine): within 5 %.
+            rates = {"storage_read_bandwidth", "storage_write_bandwidth", "rdma_total_rx", "rdma_total_tx"}
+            for figure in OVERVIEW_FIGURES:
+                expected = want["overview"][figure]
+                assert row[figure] == pytest.approx(expected, rel=0.05 if figure in rates else 1e-9), figure
 
             gpus = gpus_by_pod(cluster)
             stats = {r["uid"]: r for r in table(url, workload_statistic, cluster.name)}

@@ -301,7 +301,7 @@ def test_metrics_endpoint_is_prometheus_text_exposition(served) -> None:
 
 def test_prometheus_errors_are_bad_data(served) -> None:
     _, server, _ = served
-    url = f"{server.prometheus_url('sim-amd-0')}/api/v1/query?query=rate(gpu_gfx_activity%5B5m%5D)"
+    url = f"{server.prometheus_url('sim-amd-0')}/api/v1/query?query=topk(3%2C%20gpu_gfx_activity)"
     status, body = _http(url)
     assert status == 400
     assert (body["status"], body["errorType"]) == ("error", "bad_data")
