@@ -41,6 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--fresh", action="store_true", help="start from empty databases")
     demo.add_argument("--churn", type=float, default=20.0, help="seconds between churn steps (0: none)")
 
+    api = commands.add_parser("api", help="the read API: cluster overview, nodes, workloads (spec §7)")
+    api.add_argument("--database-url", help=f"Lens database (default: ${settings.LENS_DATABASE_URL})")
+    api.add_argument("--host", default="0.0.0.0")
+    api.add_argument("--port", type=int, default=8080)
+    api.add_argument("--default-cluster", help="cluster of requests that name none (default: the only one)")
+    api.add_argument("--workers", type=int, default=1, help="server processes")
+
     ingest = commands.add_parser("ingest", help="the container-event sidecar (gRPC + HTTP) for node agents")
     _ingest_arguments(ingest)
 
@@ -51,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         return sim_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "api":
+        return _api(args)
     if args.command == "db":
         return _db_upgrade(args.database, args.revision)
     if args.command == "ingest":
@@ -110,6 +119,29 @@ def _ingest(args: argparse.Namespace) -> int:
     )
     print(f"lens ingest: event log in {_safe_url(config.database_url)}", flush=True)
     return serve_forever(config)
+
+
+def _api(args: argparse.Namespace) -> int:
+    """Serve the read API; the bearer token, when wanted, comes from `$LENS_API_TOKEN` (never argv)."""
+    import uvicorn
+
+    os.environ[settings.LENS_DATABASE_URL] = args.database_url or settings.lens_database_url()
+    if args.default_cluster:
+        os.environ[settings.LENS_API_DEFAULT_CLUSTER] = args.default_cluster
+    print(
+        f"lens api on http://{args.host}:{args.port} over {_safe_url(settings.lens_database_url())}",
+        flush=True,
+    )
+    uvicorn.run(
+        "lens_pipeline.api.app:app_from_environment",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        access_log=False,
+        log_level="warning",
+    )
+    return 0
 
 
 def _safe_url(url: str) -> str:

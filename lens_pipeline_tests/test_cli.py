@@ -27,3 +27,48 @@ def test_lens_without_a_command_explains_itself():
     lens = Path(sys.executable).with_name("lens")
     result = subprocess.run([str(lens)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "demo" in result.stderr
+
+
+def test_lens_api_serves_the_database_of_the_environment(tmp_path):
+    """`lens api` in its own process: the schema is created, health answers, a token guards /v1."""
+    import json
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"sqlite:///{tmp_path / 'lens.db'}"
+    env = {**os.environ, "LENS_DATABASE_URL": url, "LENS_API_TOKEN": "t0ken"}
+    lens = Path(sys.executable).with_name("lens")
+    server = subprocess.Popen([str(lens), "api", "--host", "127.0.0.1", "--port", str(port)], env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=2) as response:
+                    assert json.load(response)["meta"]["code"] == 2000
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "lens api did not answer"
+                time.sleep(0.2)
+        assert current_revision(get_engine(url), "lens") == head_revision("lens")
+        request = urllib.request.Request(f"{base}/v1/clusters/overview?cluster=none")
+        try:
+            urllib.request.urlopen(request, timeout=5)
+            raise AssertionError("no token, no answer")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
+        request.add_header("Authorization", "Bearer t0ken")
+        try:
+            urllib.request.urlopen(request, timeout=5)
+            raise AssertionError("an unknown cluster is 404")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404
+    finally:
+        server.terminate()
+        # uvicorn shuts down gracefully, then re-raises the signal: -SIGTERM is a clean stop.
+        assert server.wait(timeout=30) in (0, -15)
