@@ -54,6 +54,12 @@ def collector(
     return decorate
 
 
+def check(name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> AssetCheckResult:
+    """An asset check's result: an error when it fails, or only a warning."""
+    severity = AssetCheckSeverity.WARN if warn else AssetCheckSeverity.ERROR
+    return AssetCheckResult(check_name=name, passed=passed, severity=severity, metadata=metadata)
+
+
 @dataclass
 class CollectorRun:
     """One collector's work on one cluster in one run."""
@@ -76,8 +82,7 @@ class CollectorRun:
         return cls(context, cluster, kubernetes.snapshot(cluster))
 
     def check(self, name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> AssetCheckResult:
-        severity = AssetCheckSeverity.WARN if warn else AssetCheckSeverity.ERROR
-        return AssetCheckResult(check_name=name, passed=passed, severity=severity, metadata=metadata)
+        return check(name, passed, warn=warn, **metadata)
 
     def readable_check(self, name: str) -> AssetCheckResult:
         """The check every collector has: every object could be read (a warning, not an error)."""

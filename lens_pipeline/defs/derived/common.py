@@ -1,10 +1,9 @@
-"""The shape every derived asset shares: cluster partitions, a group, retries, checks, and the
-figures it puts in its run metadata."""
+"""The shape every derived asset shares: cluster partitions, a group, retries and checks."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetsDefinition, asset
+from dagster import AssetCheckSpec, AssetsDefinition, asset
 
 from lens_pipeline.defs.collectors.common import COLLECTOR_RETRY
 from lens_pipeline.defs.partitions import cluster_partitions
@@ -34,8 +33,3 @@ def cluster_view(
         )(fn)
 
     return decorate
-
-
-def check(name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> AssetCheckResult:
-    severity = AssetCheckSeverity.WARN if warn else AssetCheckSeverity.ERROR
-    return AssetCheckResult(check_name=name, passed=passed, severity=severity, metadata=metadata)

@@ -19,10 +19,11 @@ from lens_pipeline.collect.overview import (
     overview_row,
     storage_figures,
 )
+from lens_pipeline.defs.collectors.common import check
 from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.storage_backends import storage_backends
-from lens_pipeline.defs.derived.common import check, cluster_view
+from lens_pipeline.defs.derived.common import cluster_view
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction

@@ -13,9 +13,10 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from dagster import AssetExecutionContext, MaterializeResult
 
+from lens_pipeline.defs.collectors.common import check
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import sync_metadata
-from lens_pipeline.defs.derived.common import check, cluster_view
+from lens_pipeline.defs.derived.common import cluster_view
 from lens_pipeline.defs.derived.statistics import workload_gpu_statistics
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, SafeDatabase
 from lens_pipeline.store.db import write_transaction

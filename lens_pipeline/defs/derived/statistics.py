@@ -25,10 +25,11 @@ from lens_pipeline.collect.statistics import (
     instant_utilization,
     workload_window,
 )
+from lens_pipeline.defs.collectors.common import check
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
-from lens_pipeline.defs.derived.common import check, cluster_view
+from lens_pipeline.defs.derived.common import cluster_view
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
