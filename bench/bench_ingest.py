@@ -45,11 +45,14 @@ def main() -> int:
     )
     parser.add_argument("--database-url", default=None, help="PostgreSQL server URL (default: SQLite)")
     parser.add_argument("--mode", choices=("batch", "stream"), default="batch")
-    parser.add_argument("--batch", type=int, default=200, help="events per message in batch mode")
+    parser.add_argument("--batch", type=int, default=20, help="events per message in batch mode")
     parser.add_argument("--clients", type=int, default=1, help="client processes")
     parser.add_argument("--streams", type=int, default=8, help="streams per client process (agents)")
     parser.add_argument("--window", type=int, default=1000, help="unacknowledged events per stream at most")
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--rate", type=float, default=0, help="offered events/s per client (0: as fast as acked)"
+    )
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds not counted at the start")
     parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
@@ -86,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
             str(args.batch),
         ]
         command += ["--streams", str(args.streams), "--window", str(args.window)]
-        command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+        command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup), "--rate", str(args.rate)]
         clients = [
             subprocess.Popen([*command, "--client", str(index)], stdout=subprocess.PIPE, text=True)
             for index in range(args.clients)
@@ -113,7 +116,10 @@ def _run(args: argparse.Namespace) -> int:
         f"database: {dialect}; mode: {args.mode}"
         + (f" ({args.batch} events/message)" if args.mode == "batch" else "")
     )
-    print(f"clients: {args.clients} processes x {args.streams} streams, window {args.window} events/stream")
+    offered = f", offered {args.rate * args.clients:,.0f} events/s" if args.rate else ", unpaced"
+    print(
+        f"clients: {args.clients} processes x {args.streams} streams, window {args.window} events/stream{offered}"
+    )
     print(
         f"sustained: {measured / window:,.0f} events/s acknowledged over {window:.1f} s (after {args.warmup:g} s warm-up)"
     )
@@ -148,6 +154,7 @@ async def _client(args: argparse.Namespace) -> dict:
                     args.window,
                     measure_from,
                     deadline,
+                    args.rate / args.streams,
                 )
                 for k in range(args.streams)
             )
@@ -161,7 +168,7 @@ async def _client(args: argparse.Namespace) -> dict:
     }
 
 
-async def _stream(channel, method, head, tail, client, k, per_message, window, measure_from, deadline):
+async def _stream(channel, method, head, tail, client, k, per_message, window, measure_from, deadline, rate):
     call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)()
     sent: deque[tuple[int, float]] = deque()  # (last sequence of a message, send time)
     state = {"acked": 0, "measured": 0}
@@ -186,7 +193,12 @@ async def _stream(channel, method, head, tail, client, k, per_message, window, m
     reader = asyncio.create_task(read_acks())
     seq = 0
     prefix = f"{client:04x}{k:04x}"
+    began = time.monotonic()
     while time.monotonic() < deadline:
+        if rate:
+            delay = began + seq / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
         if seq - state["acked"] >= window:
             room.clear()
             await room.wait()

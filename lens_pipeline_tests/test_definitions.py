@@ -18,8 +18,9 @@ def test_every_definition_resolves():
     assert {"collect_cluster"} <= {job.name for job in repository.get_all_jobs()}
     assert repository.has_schedule_def("collect_every_minute")
     assert repository.has_sensor_def("cluster_registry_sensor")
+    assert repository.has_sensor_def("container_events_sensor")
     asset_keys = {key.to_user_string() for key in repository.asset_graph.get_all_asset_keys()}
-    assert "gpu_nodes" in asset_keys
+    assert {"gpu_nodes", "container_events"} <= asset_keys
 
 
 def test_dg_check_defs_passes():
