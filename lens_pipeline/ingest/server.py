@@ -252,6 +252,10 @@ class IngestServer:
         addr = context.peer() or "unknown"
         self.metrics.stream_opened(addr, source)
         reader = asyncio.create_task(self._read_stream(context, origin, stream, producer, batches))
+        # A reader that fails (the peer went away, or a bug) must not leave the replies waiting.
+        reader.add_done_callback(
+            lambda task: task.cancelled() or task.exception() is None or stream.replies.put_nowait(None)
+        )
         try:
             while (reply := await stream.replies.get()) is not None:
                 await context.write(reply)
