@@ -3,7 +3,7 @@ run shell (the cluster, its shared snapshot, request counts, problems, the commo
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dagster import (
@@ -12,7 +12,9 @@ from dagster import (
     AssetCheckSpec,
     AssetExecutionContext,
     AssetsDefinition,
+    AutomationCondition,
     Backoff,
+    FreshnessPolicy,
     Jitter,
     MaterializeResult,
     RetryPolicy,
@@ -30,6 +32,39 @@ COLLECTOR_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIA
 MAX_LOGGED_PROBLEMS = 20
 
 
+# The UI shows an asset as late after warn_window and failing after fail_window without a new
+# materialization; the schedule refreshes every minute.
+FRESHNESS = FreshnessPolicy.time_window(fail_window=timedelta(minutes=5), warn_window=timedelta(minutes=2))
+
+
+def cluster_asset(
+    *,
+    group: str,
+    description: str,
+    checks: dict[str, str],
+    deps: Sequence[Any] = (),
+    kinds: frozenset[str],
+    automation_condition: AutomationCondition | None = None,
+) -> Callable[[Callable[..., MaterializeResult]], AssetsDefinition]:
+    """`@asset` partitioned by cluster, with retries, freshness and checks (name -> what it guards)."""
+
+    def decorate(fn: Callable[..., MaterializeResult]) -> AssetsDefinition:
+        return asset(
+            name=fn.__name__,
+            partitions_def=cluster_partitions,
+            group_name=group,
+            kinds=set(kinds),
+            deps=list(deps),
+            retry_policy=COLLECTOR_RETRY,
+            freshness_policy=FRESHNESS,
+            automation_condition=automation_condition,
+            check_specs=[AssetCheckSpec(n, asset=fn.__name__, description=d) for n, d in checks.items()],
+            description=description,
+        )(fn)
+
+    return decorate
+
+
 def collector(
     *,
     description: str,
@@ -37,21 +72,8 @@ def collector(
     deps: Sequence[Any] = (),
     kinds: frozenset[str] = frozenset({"kubernetes", "sql"}),
 ) -> Callable[[Callable[..., MaterializeResult]], AssetsDefinition]:
-    """`@asset` for a per-cluster collector; `checks` maps check name to what it guards."""
-
-    def decorate(fn: Callable[..., MaterializeResult]) -> AssetsDefinition:
-        return asset(
-            name=fn.__name__,
-            partitions_def=cluster_partitions,
-            group_name="collectors",
-            kinds=set(kinds),
-            deps=list(deps),
-            retry_policy=COLLECTOR_RETRY,
-            check_specs=[AssetCheckSpec(n, asset=fn.__name__, description=d) for n, d in checks.items()],
-            description=description,
-        )(fn)
-
-    return decorate
+    """`@asset` for a per-cluster collector, refreshed by the `collect_every_minute` schedule."""
+    return cluster_asset(group="collectors", description=description, checks=checks, deps=deps, kinds=kinds)
 
 
 def check(name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> AssetCheckResult:

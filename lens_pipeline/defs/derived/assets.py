@@ -1,6 +1,7 @@
-"""Every derived asset, in the order a cluster's run materializes them."""
+"""Every derived asset, in the order a cluster's run materializes them, and the automation sensor
+that keeps them following their collectors outside the scheduled runs."""
 
-from dagster import Definitions
+from dagster import AssetSelection, AutomationConditionSensorDefinition, DefaultSensorStatus, Definitions
 
 from lens_pipeline.defs.derived.overview import cluster_overview_cache
 from lens_pipeline.defs.derived.safe import safe_node_statistic, safe_workload_statistic
@@ -14,4 +15,13 @@ VIEWS = (
     safe_workload_statistic,
 )
 
-defs = Definitions(assets=list(VIEWS))
+views_automation = AutomationConditionSensorDefinition(
+    "cluster_views_automation",
+    target=AssetSelection.assets(*VIEWS),
+    default_status=DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=30,
+    description="Materializes a derived asset of a cluster when a collector of that cluster was "
+    "materialized without it (a backfill, a manual run); the scheduled runs include them already.",
+)
+
+defs = Definitions(assets=list(VIEWS), sensors=[views_automation])

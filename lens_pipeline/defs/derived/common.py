@@ -1,12 +1,14 @@
-"""The shape every derived asset shares: cluster partitions, a group, retries and checks."""
+"""The shape every derived asset shares: the collectors' (cluster partitions, retries, freshness,
+checks), its own group, and declarative automation. Each cluster's collection run materializes
+them after the collectors; when a collector is materialized alone (a backfill, a retry), the
+automation sensor brings them up to date."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dagster import AssetCheckSpec, AssetsDefinition, asset
+from dagster import AssetsDefinition, AutomationCondition
 
-from lens_pipeline.defs.collectors.common import COLLECTOR_RETRY
-from lens_pipeline.defs.partitions import cluster_partitions
+from lens_pipeline.defs.collectors.common import cluster_asset
 
 GROUP = "cluster_views"
 
@@ -19,17 +21,11 @@ def cluster_view(
     kinds: frozenset[str] = frozenset({"sql"}),
 ) -> Callable[[Callable[..., Any]], AssetsDefinition]:
     """`@asset` for a per-cluster asset computed from stored tables (and Prometheus)."""
-
-    def decorate(fn: Callable[..., Any]) -> AssetsDefinition:
-        return asset(
-            name=fn.__name__,
-            partitions_def=cluster_partitions,
-            group_name=GROUP,
-            kinds=set(kinds),
-            deps=list(deps),
-            retry_policy=COLLECTOR_RETRY,
-            check_specs=[AssetCheckSpec(n, asset=fn.__name__, description=d) for n, d in checks.items()],
-            description=description,
-        )(fn)
-
-    return decorate
+    return cluster_asset(
+        group=GROUP,
+        description=description,
+        checks=checks,
+        deps=deps,
+        kinds=kinds,
+        automation_condition=AutomationCondition.eager(),
+    )
