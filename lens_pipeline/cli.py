@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--state-dir", default=".lens/demo", help="where the demo keeps its databases")
     demo.add_argument("--fresh", action="store_true", help="start from empty databases")
     demo.add_argument("--churn", type=float, default=20.0, help="seconds between churn steps (0: none)")
+    demo.add_argument("--api-port", type=int, default=8080, help="read API port (0: no API)")
+    demo.add_argument(
+        "--ingest-port", type=int, default=50051, help="ingest gRPC port (0: no ingest, no agents)"
+    )
 
     api = commands.add_parser("api", help="the read API: cluster overview, nodes, workloads (spec §7)")
     api.add_argument("--database-url", help=f"Lens database (default: ${settings.LENS_DATABASE_URL})")
@@ -205,15 +209,111 @@ def _demo(args: argparse.Namespace) -> int:
     process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, start_new_session=True)
     # `kill`/`timeout` send SIGTERM: stop the whole tree as cleanly as on Ctrl-C.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    sidecars: list[subprocess.Popen] = []
     try:
+        lens = [sys.executable, "-c", "from lens_pipeline.cli import main; raise SystemExit(main())"]
+        if args.api_port:
+            sidecars.append(
+                subprocess.Popen(
+                    [*lens, "api", "--host", "127.0.0.1", "--port", str(args.api_port)],
+                    env=env,
+                    start_new_session=True,
+                )
+            )
+            print(
+                f"[lens demo] read API on http://127.0.0.1:{args.api_port}/v1/clusters/overview?cluster=<name>"
+            )
+        if args.ingest_port:
+            http_port = _free_port()
+            sidecars.append(
+                subprocess.Popen(
+                    [
+                        *lens,
+                        "ingest",
+                        "--host",
+                        "127.0.0.1",
+                        "--grpc-port",
+                        str(args.ingest_port),
+                        "--http-port",
+                        str(http_port),
+                    ],
+                    env=env,
+                    start_new_session=True,
+                )
+            )
+            print(
+                f"[lens demo] ingest sidecar on 127.0.0.1:{args.ingest_port} (gRPC); simulated node agents feed it"
+            )
+            threading.Thread(
+                target=_feed_agents, args=(fleet, args.ingest_port, http_port, stopped), daemon=True
+            ).start()
+        threading.Thread(
+            target=_report_progress,
+            args=(env[settings.LENS_DATABASE_URL], len(fleet.clusters), time.monotonic(), stopped),
+            daemon=True,
+        ).start()
         return process.wait()
     except KeyboardInterrupt:
-        print("\n[lens demo] stopping Dagster and the simulator")
+        print("\n[lens demo] stopping Dagster, the sidecars and the simulator")
         return 0
     finally:
-        _stop_process_tree(process)
         stopped.set()
+        for sidecar in sidecars:
+            _stop_process_tree(sidecar)
+        _stop_process_tree(process)
         server.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _report_progress(url: str, clusters: int, started: float, stopped: threading.Event) -> None:
+    """Say what the pipeline has stored so far, until every cluster has its overview."""
+    from sqlalchemy import func, select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from lens_pipeline.store.db import get_engine
+    from lens_pipeline.store.schema import cluster_overview_cache, container_event_log, node
+
+    engine, last = get_engine(url), None
+    while not stopped.wait(5):
+        try:
+            with engine.connect() as conn:
+                nodes = conn.scalar(select(func.count()).select_from(node))
+                overviews = {
+                    r.cluster_name: r.allocation_rate for r in conn.execute(select(cluster_overview_cache))
+                }
+                events = conn.scalar(select(func.count()).select_from(container_event_log))
+        except SQLAlchemyError:  # tables not there yet, or busy: ask again
+            continue
+        line = f"{nodes} GPU nodes stored, {len(overviews)}/{clusters} cluster overviews, {events} container events"
+        if line != last:
+            print(f"[lens demo] {time.monotonic() - started:5.0f} s: {line}", flush=True)
+            last = line
+        if len(overviews) >= clusters:
+            rates = ", ".join(f"{name} {rate:.0f}%" for name, rate in sorted(overviews.items()))
+            print(f"[lens demo] every cluster has its overview; allocation rate: {rates}", flush=True)
+            return
+
+
+def _feed_agents(fleet: object, grpc_port: int, http_port: int, stopped: threading.Event) -> None:
+    """Once the sidecar answers its health check, the simulated agents send every 10 s."""
+    import urllib.request
+
+    from lens_pipeline.sim.agent_feed import feed_forever
+
+    while not stopped.is_set():
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=2).read()
+            break
+        except OSError:
+            stopped.wait(0.5)
+    feed_forever(fleet, f"127.0.0.1:{grpc_port}", 10.0, stopped)  # type: ignore[arg-type]
 
 
 def _stop_process_tree(process: subprocess.Popen) -> None:

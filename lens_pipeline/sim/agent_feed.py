@@ -1,0 +1,75 @@
+"""Simulated node agents for a whole fleet: every few seconds, each cluster's running GPU pods are
+sent to `lens ingest` as container events over the original gRPC protocol (a `Running` event for
+a container that appeared, `Exit` for one that went away), so the demo's `container_events` fills.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any
+
+import grpc
+
+from lens_pipeline.sim import node_agent as agent
+from lens_pipeline.sim.fleet import SimCluster, SimFleet
+from lens_pipeline.vendors import PROFILES
+
+Container = tuple[str, str, str, str, int]  # (node, namespace, pod, pod uid, GPUs)
+
+
+def running_gpu_containers(cluster: SimCluster) -> dict[str, Container]:
+    """The cluster's running GPU pods, one container each, by a stable container id."""
+    resource = PROFILES[cluster.vendor].resource
+    _nodes, pods, _samples = cluster.truth_inputs()
+    out: dict[str, Container] = {}
+    for pod in pods:
+        metadata, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if (pod.get("status") or {}).get("phase") != "Running" or not spec.get("nodeName"):
+            continue
+        gpus = sum(
+            int(((c.get("resources") or {}).get("limits") or {}).get(resource, 0) or 0)
+            for c in spec.get("containers") or []
+        )
+        if gpus <= 0:
+            continue
+        key = f"{cluster.name}/{metadata['namespace']}/{metadata['name']}/{metadata['uid']}"
+        container_id = hashlib.sha256(key.encode()).hexdigest()
+        out[container_id] = (spec["nodeName"], metadata["namespace"], metadata["name"], metadata["uid"], gpus)
+    return out
+
+
+def _event(cluster: SimCluster, container_id: str, container: Container, status: str) -> bytes:
+    node, namespace, pod, uid, gpus = container
+    seed = int(container_id[:6], 16)
+    make_gpu = agent.amd_gpu if cluster.vendor == "amd" else agent.nvidia_gpu
+    data: dict[str, Any] = agent.k8s_container(
+        container_id,
+        name="main",
+        pod_name=pod,
+        pod_namespace=namespace,
+        pod_uid=uid,
+        status=status,
+        created_ns=1_795_000_000_000_000_000 + seed,
+        gpus=[make_gpu(i, seed) for i in range(gpus)],
+        nics=[agent.infiniband(0, seed)],
+    )
+    raw = agent.event(status, container_id, data, node=node)
+    return agent.with_extra_fields(raw, event_id=f"{container_id}:{status}", cluster=cluster.name)
+
+
+def feed_forever(fleet: SimFleet, target: str, period: float, stopped: threading.Event) -> None:
+    """Until `stopped`: every `period` seconds, what changed in each cluster goes to `target`."""
+    sent: dict[str, dict[str, Container]] = {c.name: {} for c in fleet}
+    with grpc.insecure_channel(target) as channel:
+        while not stopped.wait(period):
+            for cluster in fleet:
+                now = running_gpu_containers(cluster)
+                before = sent[cluster.name]
+                events = [_event(cluster, cid, c, "Running") for cid, c in now.items() if cid not in before]
+                events += [_event(cluster, cid, c, "Exit") for cid, c in before.items() if cid not in now]
+                if not events:
+                    continue
+                result = agent.stream_events(channel, events, timeout=30)
+                if result.code is None:
+                    sent[cluster.name] = now  # what was not acknowledged is sent again next round
