@@ -1,0 +1,33 @@
+"""Run retention on a real instance: finished runs older than the window go with their event logs;
+the pruning run itself, and runs inside the window, stay."""
+
+from __future__ import annotations
+
+from dagster import asset, instance_for_test, materialize
+
+from lens_pipeline.defs.fleet.retention import prune_run_history
+
+
+@asset
+def tiny() -> int:
+    return 1
+
+
+def test_old_finished_runs_are_deleted_and_recent_ones_kept():
+    with instance_for_test() as instance:
+        old = [materialize([tiny], instance=instance).run_id for _ in range(3)]
+        assert all(instance.get_records_for_run(run_id).records for run_id in old)
+
+        kept = prune_run_history.execute_in_process(
+            instance=instance, run_config={"ops": {"delete_old_runs": {"config": {"keep_hours": 1}}}}
+        )
+        assert kept.success and kept.output_for_node("delete_old_runs") == 0
+        assert {r.run_id for r in instance.get_runs()} >= set(old)
+
+        pruned = prune_run_history.execute_in_process(
+            instance=instance, run_config={"ops": {"delete_old_runs": {"config": {"keep_hours": 0}}}}
+        )
+        assert pruned.success and pruned.output_for_node("delete_old_runs") == 4  # 3 + the first pruning
+        remaining = {r.run_id for r in instance.get_runs()}
+        assert remaining == {pruned.run_id}
+        assert not any(instance.get_records_for_run(run_id).records for run_id in old)
