@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, and_, func, select
 
 from lens_pipeline.store.schema import gpu_pods, gpu_pods_event, pod_resource, pod_snapshot
 from lens_pipeline.store.upsert import SyncResult, bulk_upsert, sync_snapshot
@@ -72,7 +72,8 @@ def write_pods(
         [{**scope, **r} for r in pods],
         now=now,
         on_vanish={"deleted": True, "running": False},
-        vanish_filter=lambda stored: not (stored["deleted"] and not stored["running"]),
+        # Pods marked gone stay stored for good; they are not read back on every run.
+        settled=and_(gpu_pods.c.deleted.is_(True), gpu_pods.c.running.is_not(True)),
         protect=protect,
     )
     resources_result = sync_snapshot(

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, Literal
 
 from psycopg2.extras import execute_values
-from sqlalchemy import Connection, Table, and_, delete, select, tuple_, update
+from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, not_, select, tuple_, update
 from sqlalchemy.engine import Dialect
 
 from lens_pipeline.kube.reader import paused_gc
@@ -167,6 +168,7 @@ def sync_snapshot(
     protect: Iterable[tuple] = (),
     vanish_filter: Callable[[Row], bool] | None = None,
     extra_columns: Sequence[str] = (),
+    settled: ColumnElement[bool] | None = None,
 ) -> SyncResult:
     """Make the stored rows under `scope` (e.g. one cluster) equal `rows`, writing only what differs.
 
@@ -177,9 +179,14 @@ def sync_snapshot(
       row. Keys in `protect` (objects seen but unreadable this run) never count as vanished, nor do
       stored rows for which `vanish_filter` is false (e.g. already marked). `extra_columns` are read
       from the stored rows for `on_vanish` and `vanish_filter` without being compared.
+    - Stored rows matching `settled` (e.g. pods marked deleted, which pile up) are not read back
+      every run; a row seen again whose key is among them is fetched by its key, so it is
+      compared and updated like any other.
     """
     with paused_gc():
-        return _sync(conn, table, scope, rows, now, compare, on_vanish, protect, vanish_filter, extra_columns)
+        return _sync(
+            conn, table, scope, rows, now, compare, on_vanish, protect, vanish_filter, extra_columns, settled
+        )
 
 
 def _sync(
@@ -193,6 +200,7 @@ def _sync(
     protect: Iterable[tuple],
     vanish_filter: Callable[[Row], bool] | None,
     extra_columns: Sequence[str],
+    settled: ColumnElement[bool] | None,
 ) -> SyncResult:
     key = logical_key(table)
     compare = list(compare) if compare is not None else [c for c in (rows[0] if rows else {}) if c not in key]
@@ -200,22 +208,38 @@ def _sync(
     has_updated = "updated_at" in table.c
     where = and_(*(table.c[k] == v for k, v in scope.items()))
     wanted_columns = list(dict.fromkeys([*key, *compare, *extra_columns]))
-    stored: dict[tuple, Row] = {}
-    for record in conn.execute(select(*(table.c[c] for c in wanted_columns)).where(where)).mappings():
-        stored[tuple(record[k] for k in key)] = dict(record)
+    # Stored rows stay plain tuples (key, then compared values): at 100k rows, building a dict per
+    # row was a good part of a no-change run. Dicts are made only for rows that vanished.
+    key_width = len(key)
+    compared = slice(key_width, key_width + len(compare))
+    query = select(*(table.c[c] for c in wanted_columns))
+    stored: dict[tuple, tuple] = {
+        tuple(record[:key_width]): tuple(record)
+        for record in conn.execute(query.where(where if settled is None else and_(where, not_(settled)))).all()
+    }
+    key_of = _getter(key)
+    values_of = _getter(compare)
+    if settled is not None:
+        unread = [k for k in map(key_of, rows) if k not in stored]
+        if unread and conn.execute(select(func.count()).select_from(table).where(where, settled)).scalar():
+            key_expr = tuple_(*(table.c[k] for k in key))
+            for start in range(0, len(unread), BATCH_ROWS):
+                batch = unread[start : start + BATCH_ROWS]
+                for record in conn.execute(query.where(where, key_expr.in_(batch))).all():
+                    stored[tuple(record[:key_width])] = tuple(record)
 
     result = SyncResult()
     inserts: list[Row] = []
     updates: list[Row] = []
     seen: set[tuple] = set()
     for row in rows:
-        row_key = tuple(row[k] for k in key)
+        row_key = key_of(row)
         seen.add(row_key)
         previous = stored.get(row_key)
         if previous is None:
             inserts.append(row)
             result.inserted.append(row_key)
-        elif _row_differs(previous, row, compare):
+        elif previous[compared] != values_of(row) and _row_differs(previous[compared], values_of(row)):
             updates.append(row)
             result.updated.append(row_key)
         else:
@@ -230,15 +254,31 @@ def _sync(
         bulk_upsert(conn, table, [{**row, **stamp} for row in updates])
 
     protected = set(protect)
-    vanished = [
-        k
+    gone = {
+        k: dict(zip(wanted_columns, record, strict=True))
         for k, record in stored.items()
-        if k not in seen and k not in protected and (vanish_filter is None or vanish_filter(record))
-    ]
+        if k not in seen and k not in protected
+    }
+    vanished = [k for k, record in gone.items() if vanish_filter is None or vanish_filter(record)]
     result.vanished = vanished
     if vanished and on_vanish != "keep":
-        _apply_vanish(conn, table, key, vanished, stored, on_vanish, now, has_updated)
+        _apply_vanish(conn, table, key, vanished, gone, on_vanish, now, has_updated)
     return result
+
+
+def _getter(columns: Sequence[str]) -> Callable[[Row], tuple]:
+    """A row's values of `columns` as a tuple (a missing column reads as None)."""
+    if len(columns) < 2:
+        return lambda row: tuple(row.get(c) for c in columns)
+    get = itemgetter(*columns)
+
+    def values(row: Row) -> tuple:
+        try:
+            return get(row)
+        except KeyError:
+            return tuple(row.get(c) for c in columns)
+
+    return values
 
 
 def _apply_vanish(
@@ -266,11 +306,9 @@ def _apply_vanish(
         conn.execute(update(table).where(key_expr.in_(vanished[start : start + BATCH_ROWS])).values(**values))
 
 
-def _row_differs(stored: Row, seen: Row, columns: Sequence[str]) -> bool:
-    # Exact equality is the common case and costs one C-level tuple comparison.
-    if tuple(stored.get(c) for c in columns) == tuple(seen.get(c) for c in columns):
-        return False
-    return any(_differs(stored.get(c), seen.get(c)) for c in columns)
+def _row_differs(stored: tuple, seen: tuple) -> bool:
+    # Called only when exact tuple equality (the common case, one C-level comparison) failed.
+    return any(_differs(a, b) for a, b in zip(stored, seen, strict=True))
 
 
 def _differs(stored: Any, seen: Any) -> bool:
