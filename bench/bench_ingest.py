@@ -236,13 +236,15 @@ def _fresh_database(url: str | None):
 
 
 def _count_log(url: str) -> int:
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import create_engine
+
+    from lens_pipeline.store.event_log import count_events
 
     engine = create_engine(url)
     with engine.connect() as conn:
-        count = conn.execute(text("SELECT count(*) FROM container_event_log")).scalar()
+        count = count_events(conn)
     engine.dispose()
-    return int(count)
+    return count
 
 
 def _wait_healthy(port: int) -> None:

@@ -278,7 +278,8 @@ def _report_progress(url: str, clusters: int, started: float, stopped: threading
     from sqlalchemy.exc import SQLAlchemyError
 
     from lens_pipeline.store.db import get_engine
-    from lens_pipeline.store.schema import cluster_overview_cache, container_event_log, node
+    from lens_pipeline.store.event_log import count_events
+    from lens_pipeline.store.schema import cluster_overview_cache, node
 
     engine, last = get_engine(url), None
     while not stopped.wait(5):
@@ -288,7 +289,7 @@ def _report_progress(url: str, clusters: int, started: float, stopped: threading
                 overviews = {
                     r.cluster_name: r.allocation_rate for r in conn.execute(select(cluster_overview_cache))
                 }
-                events = conn.scalar(select(func.count()).select_from(container_event_log))
+                events = count_events(conn)
         except SQLAlchemyError:  # tables not there yet, or busy: ask again
             continue
         line = f"{nodes} GPU nodes stored, {len(overviews)}/{clusters} cluster overviews, {events} container events"

@@ -1,7 +1,7 @@
 """What a node agent sends, checked and turned into an event-log row; what is wrong, said plainly.
 
-Pure: a gRPC message (raw bytes of `ContainerEvent`) or an HTTP event (a JSON object) in, a row of
-`container_event_log` or a `Refused` out. No I/O, so the checks are tested on their own and both
+Pure: a gRPC message (raw bytes of `ContainerEvent`) or an HTTP event (a JSON object) in, an
+event-log row (`lens_pipeline.store.event_log.append_events`) or a `Refused` out. No I/O, so the checks are tested on their own and both
 transports refuse the same things with the same words.
 """
 
@@ -27,7 +27,7 @@ EVENT_TYPES = frozenset(
     {"snapshot", "update", "delete", "Created", "Running", "Exit", "Deleted", "OOMKilled"}
 )
 SNAPSHOT = "snapshot"
-# Column widths of container_event_log.
+# Widths the log and the tables keep.
 MAX_CONTAINER_ID = 128
 MAX_NODE = 253
 MAX_EVENT_ID = 128
@@ -81,7 +81,9 @@ class Origin:
 
 
 def from_grpc(raw: bytes, origin: Origin, received_at: Any, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> dict:
-    """A `container_event_log` row from one gRPC message, or `Refused`."""
+    """An event-log row from one gRPC message, or `Refused`. The row keeps the message as received
+    (the asset decodes it again): only events without an `event_id` pay for the deterministic
+    serialization their replay key needs."""
     if len(raw) > max_bytes:
         raise Refused("oversized", f"event of {len(raw)} bytes is over the limit of {max_bytes} bytes")
     try:
@@ -96,7 +98,7 @@ def from_grpc(raw: bytes, origin: Origin, received_at: Any, max_bytes: int = DEF
     shape = _pb_shape(event.data, origin.source)
     cluster = _cluster(event.cluster if event.HasField("cluster") else "", origin)
     event_id = _event_id(event.event_id if event.HasField("event_id") else "")
-    payload = event.data.SerializeToString(deterministic=True)
+    content = b"" if event_id else event.data.SerializeToString(deterministic=True)
     return _row(
         origin,
         cluster,
@@ -105,8 +107,9 @@ def from_grpc(raw: bytes, origin: Origin, received_at: Any, max_bytes: int = DEF
         event.node,
         event_id,
         shape,
-        payload,
-        "struct",
+        content,
+        raw,
+        "event",
         received_at,
     )
 
@@ -146,6 +149,7 @@ def from_json(event: Any, origin: Origin, received_at: Any, max_bytes: int = DEF
         event["node"],
         event_id,
         shape,
+        payload,
         payload,
         "json",
         received_at,
@@ -312,16 +316,17 @@ def _json_shape(data: Mapping[str, Any], source: str) -> _Shape:
 
 
 def event_key(
-    cluster: str, source: str, container_id: str, event_type: str, event_id: str | None, payload: bytes
-) -> str:
-    """What makes two events the same: the agent's event id when it sends one, else the content."""
+    cluster: str, source: str, container_id: str, event_type: str, event_id: str | None, content: bytes
+) -> bytes:
+    """What makes two events the same: the agent's event id when it sends one, else the content
+    (`content`: the data serialized deterministically, Go's random map order undone)."""
     if event_id:
         material = b"\0".join((b"id", cluster.encode(), event_id.encode()))
     else:
         material = b"\0".join(
-            (b"ev", cluster.encode(), source.encode(), container_id.encode(), event_type.encode(), payload)
+            (b"ev", cluster.encode(), source.encode(), container_id.encode(), event_type.encode(), content)
         )
-    return hashlib.sha256(material).hexdigest()
+    return hashlib.sha256(material).digest()
 
 
 def _row(
@@ -332,13 +337,14 @@ def _row(
     node: str,
     event_id: str | None,
     shape: _Shape,
+    content: bytes,
     payload: bytes,
     payload_format: str,
     received_at: Any,
 ) -> dict:
     return {
         "cluster_name": cluster,
-        "event_key": event_key(cluster, origin.source, container_id, event_type, event_id, payload),
+        "event_key": event_key(cluster, origin.source, container_id, event_type, event_id, content),
         "source": origin.source,
         "event_type": event_type,
         "container_id": container_id,

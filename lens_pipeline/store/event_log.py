@@ -1,29 +1,50 @@
 """The container event log: appended by `lens ingest`, read by the `container_events` asset and its
 sensor, with the per-cluster watermark of what has been processed.
 
+Each group commit writes, per cluster, one segment row holding all its new events packed one after
+another (a fixed header and the event's fields; the whole `ContainerEvent` as received for gRPC),
+and one narrow key row per event that makes a replay a no-op. On PostgreSQL the segment goes in by
+binary COPY (no hex escaping of megabytes) and its payload is compressed by the server (lz4) where
+available: the log costs one wide row per round instead of one row and one index entry per event.
+
 Writers serialize their commits (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: a transaction-scoped
-advisory lock; MySQL/MariaDB: a named lock held over the transaction), so ids become visible in
-increasing order and a reader's "everything after id N" never skips a late commit.
+advisory lock; MySQL/MariaDB: a named lock held over the transaction), so segment ids become
+visible in increasing order, a reader's "everything after id N" never skips a late commit, and
+"which of these keys are logged" is answered without a race.
 """
 
 from __future__ import annotations
 
+import io
+import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 from google.protobuf import struct_pb2
-from sqlalchemy import Connection, Engine, case, func, select, text
+from sqlalchemy import Connection, Engine, delete, func, insert, select, text
 
-from lens_pipeline.store.schema import container_event_log, container_event_progress
+from lens_pipeline.store.schema import container_event_key, container_event_progress, container_event_segment
 from lens_pipeline.store.upsert import bulk_upsert
 
 _LOCK_KEY = zlib.crc32(b"lens-pipeline-container-event-log")
 _MYSQL_LOCK = "lens_container_event_log"
+
+# A segment: one version byte, then records. A record: this header, then event type, container id,
+# node name, event id and payload, back to back. Times are microseconds since the epoch.
+SEGMENT_VERSION = b"\x01"
+_RECORD = struct.Struct("<qBBBBHHHI")  # received_at, source, format, needs_processing, len(event_id)+1 (0: none), lengths
+SOURCES = ("k8s", "docker")
+PAYLOAD_FORMATS = ("struct", "json", "event")  # Struct bytes; JSON object; the whole ContainerEvent
+# Bounds of one segment: a round with more is cut into several (MariaDB's packet limit, and the
+# asset reads whole segments).
+SEGMENT_MAX_EVENTS = 5000
+SEGMENT_MAX_BYTES = 8 << 20
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @contextmanager
@@ -46,8 +67,135 @@ def log_transaction(engine: Engine) -> Iterator[Connection]:
 
 
 def append_events(conn: Connection, rows: Sequence[dict]) -> int:
-    """Insert log rows; a row whose (cluster, event_key) is already logged is skipped (a replay)."""
-    return bulk_upsert(conn, container_event_log, rows, update_columns=[])
+    """Log the events of `rows` (as `lens_pipeline.ingest.events` makes them) that are not logged yet
+    (same cluster and `event_key`: a replay, skipped); returns how many were new. Call it inside
+    `log_transaction`, which makes the check and the insert one step for every writer."""
+    fresh: dict[tuple[str, bytes], dict] = {}
+    for row in rows:
+        fresh.setdefault((row["cluster_name"], row["event_key"]), row)
+    by_cluster: dict[str, list[dict]] = {}
+    for (cluster, _), row in fresh.items():
+        by_cluster.setdefault(cluster, []).append(row)
+    for cluster, cluster_rows in by_cluster.items():
+        known = _known_keys(conn, cluster, [row["event_key"] for row in cluster_rows])
+        if known:
+            cluster_rows[:] = [row for row in cluster_rows if row["event_key"] not in known]
+    added = 0
+    for cluster, cluster_rows in by_cluster.items():
+        for segment in _segments(cluster_rows):
+            segment_id = _insert_segment(conn, cluster, segment)
+            _insert_keys(conn, cluster, [row["event_key"] for row in segment], segment_id)
+            added += len(segment)
+    return added
+
+
+def _segments(rows: list[dict]) -> Iterator[list[dict]]:
+    start, size = 0, 0
+    for index, row in enumerate(rows):
+        size += len(row["payload"])
+        if index > start and (index - start >= SEGMENT_MAX_EVENTS or size > SEGMENT_MAX_BYTES):
+            yield rows[start:index]
+            start, size = index, len(row["payload"])
+    if start < len(rows):
+        yield rows[start:]
+
+
+def encode_record(row: dict) -> bytes:
+    event_id = (row["event_id"] or "").encode()
+    parts = (
+        row["event_type"].encode(),
+        row["container_id"].encode(),
+        row["node_name"].encode(),
+        event_id,
+        row["payload"],
+    )
+    received = row["received_at"] - _EPOCH
+    header = _RECORD.pack(
+        (received.days * 86_400 + received.seconds) * 1_000_000 + received.microseconds,
+        SOURCES.index(row["source"]),
+        PAYLOAD_FORMATS.index(row["payload_format"]),
+        bool(row["needs_processing"]),
+        len(event_id) + 1 if row["event_id"] else 0,
+        len(parts[0]),
+        len(parts[1]),
+        len(parts[2]),
+        len(parts[4]),
+    )
+    return b"".join((header, *parts))
+
+
+def _insert_segment(conn: Connection, cluster: str, rows: list[dict]) -> int:
+    payload = b"".join((SEGMENT_VERSION, *(encode_record(row) for row in rows)))
+    values = {
+        "cluster_name": cluster,
+        "events": len(rows),
+        "to_process": sum(1 for row in rows if row["needs_processing"]),
+        "received_at": max(row["received_at"] for row in rows),
+        "payload": payload,
+    }
+    if conn.dialect.name == "postgresql":
+        return _copy_segment(conn, values)
+    return int(conn.execute(insert(container_event_segment).values(values)).inserted_primary_key[0])
+
+
+def _copy_segment(conn: Connection, values: dict) -> int:
+    """PostgreSQL: the segment by binary COPY: megabytes of payload go as they are, not hex-escaped."""
+    segment_id = int(conn.execute(text("SELECT nextval(pg_get_serial_sequence('container_event_segment', 'id'))")).scalar())
+    received = values["received_at"] - datetime(2000, 1, 1, tzinfo=UTC)  # PostgreSQL's epoch
+    fields = (
+        struct.pack("!q", segment_id),
+        values["cluster_name"].encode(),
+        struct.pack("!i", values["events"]),
+        struct.pack("!i", values["to_process"]),
+        struct.pack("!q", (received.days * 86_400 + received.seconds) * 1_000_000 + received.microseconds),
+        values["payload"],
+    )
+    stream = io.BytesIO()
+    stream.write(b"PGCOPY\n\xff\r\n\x00" + struct.pack("!iih", 0, 0, len(fields)))
+    for field in fields:
+        stream.write(struct.pack("!i", len(field)))
+        stream.write(field)
+    stream.write(struct.pack("!h", -1))
+    stream.seek(0)
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.copy_expert(
+            "COPY container_event_segment (id, cluster_name, events, to_process, received_at, payload) "
+            "FROM STDIN WITH (FORMAT binary)",
+            stream,
+        )
+    finally:
+        cursor.close()
+    return segment_id
+
+
+def _known_keys(conn: Connection, cluster: str, keys: list[bytes]) -> set[bytes]:
+    k = container_event_key.c
+    if conn.dialect.name == "postgresql":
+        result = conn.exec_driver_sql(
+            "SELECT event_key FROM container_event_key WHERE cluster_name = %(cluster)s AND event_key = ANY(%(keys)s)",
+            {"cluster": cluster, "keys": keys},
+        )
+        return {bytes(key) for (key,) in result}
+    known: set[bytes] = set()
+    for start in range(0, len(keys), 500):
+        query = select(k.event_key).where(k.cluster_name == cluster, k.event_key.in_(keys[start : start + 500]))
+        known.update(bytes(key) for key in conn.scalars(query))
+    return known
+
+
+def _insert_keys(conn: Connection, cluster: str, keys: list[bytes], segment_id: int) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(
+            "INSERT INTO container_event_key (cluster_name, event_key, segment_id) "
+            "SELECT %(cluster)s, key, %(segment)s FROM unnest(%(keys)s::bytea[]) AS key",
+            {"cluster": cluster, "segment": segment_id, "keys": keys},
+        )
+        return
+    conn.execute(
+        insert(container_event_key),
+        [{"cluster_name": cluster, "event_key": key, "segment_id": segment_id} for key in keys],
+    )
 
 
 @dataclass(frozen=True)
@@ -61,25 +209,28 @@ class ClusterNews:
 
 
 def news_after(conn: Connection, after_id: int) -> list[ClusterNews]:
-    """Per cluster: the newest id, how many events, and how many need processing, after `after_id`."""
-    log = container_event_log.c
-    to_process = func.sum(case((log.needs_processing.is_(True), 1), else_=0))
+    """Per cluster: the newest segment id, how many events, and how many need processing, after `after_id`."""
+    seg = container_event_segment.c
     query = (
-        select(log.cluster_name, func.max(log.id), func.count(), to_process)
-        .where(log.id > after_id)
-        .group_by(log.cluster_name)
-        .order_by(log.cluster_name)
+        select(seg.cluster_name, func.max(seg.id), func.sum(seg.events), func.sum(seg.to_process))
+        .where(seg.id > after_id)
+        .group_by(seg.cluster_name)
+        .order_by(seg.cluster_name)
     )
     return [ClusterNews(c, int(last), int(n), int(p or 0)) for c, last, n, p in conn.execute(query)]
 
 
 @dataclass(frozen=True)
 class LoggedEvent:
-    id: int
+    id: int  # of the segment that holds it
+    index: int  # its place in the segment
+    cluster: str
     source: str
     event_type: str
     container_id: str
     node_name: str
+    event_id: str | None
+    needs_processing: bool
     payload: bytes
     payload_format: str
     received_at: datetime
@@ -88,6 +239,10 @@ class LoggedEvent:
         """The event's data as plain JSON values, whichever transport brought it."""
         if self.payload_format == "json":
             return orjson.loads(self.payload)
+        if self.payload_format == "event":
+            from lens_pipeline.ingest.exporter_pb2 import ContainerEvent
+
+            return _struct_to_dict(ContainerEvent.FromString(self.payload).data)
         return _struct_to_dict(struct_pb2.Struct.FromString(self.payload))
 
 
@@ -111,38 +266,102 @@ def _value(value: struct_pb2.Value) -> Any:
     return None
 
 
-def read_events(
-    conn: Connection, cluster: str, after_id: int, up_to_id: int, limit: int
-) -> list[LoggedEvent]:
-    """The cluster's events in (`after_id`, `up_to_id`] that need processing, oldest first."""
-    log = container_event_log.c
-    query = (
-        select(
-            log.id,
-            log.source,
-            log.event_type,
-            log.container_id,
-            log.node_name,
-            log.payload,
-            log.payload_format,
-            log.received_at,
+def decode_segment(segment_id: int, cluster: str, payload: bytes) -> list[LoggedEvent]:
+    """The events a segment holds, in the order they were logged."""
+    payload = bytes(payload)
+    if payload[:1] != SEGMENT_VERSION:
+        raise ValueError(f"log segment {segment_id} of cluster {cluster}: unknown format {payload[:1]!r}")
+    events, at, end, index = [], 1, len(payload), 0
+    while at < end:
+        micros, source, fmt, needs, id_len, type_len, cid_len, node_len, size = _RECORD.unpack_from(payload, at)
+        at += _RECORD.size
+        fields = []
+        for length in (type_len, cid_len, node_len, max(id_len - 1, 0)):
+            fields.append(payload[at : at + length].decode())
+            at += length
+        events.append(
+            LoggedEvent(
+                segment_id,
+                index,
+                cluster,
+                SOURCES[source],
+                fields[0],
+                fields[1],
+                fields[2],
+                fields[3] if id_len else None,
+                bool(needs),
+                payload[at : at + size],
+                PAYLOAD_FORMATS[fmt],
+                _EPOCH + timedelta(microseconds=micros),
+            )
         )
-        .where(
-            log.cluster_name == cluster,
-            log.id > after_id,
-            log.id <= up_to_id,
-            log.needs_processing.is_(True),
-        )
-        .order_by(log.id)
-        .limit(limit)
-    )
-    return [LoggedEvent(*row) for row in conn.execute(query)]
+        at += size
+        index += 1
+    return events
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    events: list[LoggedEvent]  # those that need processing, oldest first
+    up_to_id: int  # every segment up to this id has been read
+
+
+def read_events(conn: Connection, cluster: str, after_id: int, up_to_id: int, limit: int) -> LogChunk:
+    """The cluster's events in segments (`after_id`, `up_to_id`] that need processing, oldest first,
+    whole segments until at least `limit` events (or the end)."""
+    seg = container_event_segment.c
+    in_range = (seg.cluster_name == cluster, seg.id > after_id, seg.id <= up_to_id, seg.to_process > 0)
+    # Each of these segments has something to process: `limit` of them are always enough.
+    chosen, total = [], 0
+    for segment_id, to_process in conn.execute(
+        select(seg.id, seg.to_process).where(*in_range).order_by(seg.id).limit(limit)
+    ):
+        chosen.append(segment_id)
+        total += to_process
+        if total >= limit:
+            break
+    events: list[LoggedEvent] = []
+    if chosen:
+        query = select(seg.id, seg.payload).where(seg.id.in_(chosen)).order_by(seg.id)
+        for segment_id, payload in conn.execute(query):
+            events.extend(e for e in decode_segment(segment_id, cluster, payload) if e.needs_processing)
+    return LogChunk(events, chosen[-1] if total >= limit else up_to_id)
+
+
+def logged_events(conn: Connection) -> list[LoggedEvent]:
+    """Every event in the log, in log order (tests, benchmarks, small logs only)."""
+    seg = container_event_segment.c
+    query = select(seg.id, seg.cluster_name, seg.payload).order_by(seg.id)
+    return [event for row in conn.execute(query) for event in decode_segment(*row)]
+
+
+def count_events(conn: Connection) -> int:
+    """How many events the log holds."""
+    return int(conn.scalar(select(func.coalesce(func.sum(container_event_segment.c.events), 0))) or 0)
 
 
 def last_id(conn: Connection, cluster: str) -> int:
-    """The cluster's newest log id (0 when it has none)."""
-    log = container_event_log.c
-    return int(conn.execute(select(func.max(log.id)).where(log.cluster_name == cluster)).scalar() or 0)
+    """The cluster's newest segment id (0 when it has none)."""
+    seg = container_event_segment.c
+    return int(conn.execute(select(func.max(seg.id)).where(seg.cluster_name == cluster)).scalar() or 0)
+
+
+def prune(conn: Connection, cluster: str, processed_id: int, older_than: datetime) -> int:
+    """Retention: drop the cluster's segments (and their replay keys) that are processed (id up to
+    `processed_id`) and whose newest event was received before `older_than`; returns how many events.
+    A replay of a dropped event is logged again."""
+    seg = container_event_segment.c
+    doomed = conn.execute(
+        select(seg.id, seg.events).where(
+            seg.cluster_name == cluster, seg.id <= processed_id, seg.received_at < older_than
+        )
+    ).all()
+    ids = [segment_id for segment_id, _ in doomed]
+    for start in range(0, len(ids), 500):
+        chunk = ids[start : start + 500]
+        conn.execute(delete(container_event_key).where(container_event_key.c.segment_id.in_(chunk)))
+        conn.execute(delete(container_event_segment).where(seg.id.in_(chunk)))
+    return sum(events for _, events in doomed)
 
 
 def processed_up_to(conn: Connection, cluster: str, *, lock: bool = False) -> int:

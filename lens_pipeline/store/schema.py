@@ -309,27 +309,38 @@ node_container_event = Table(
 )
 
 # The ingest sidecar's append-only event log (spec §2): `lens ingest` acknowledges an event only
-# once its row is committed here; `container_events` turns the log into the three tables above.
-# `event_key` (a SHA-256) makes a replay of the same event a no-op. Ids only grow (AUTOINCREMENT on
-# SQLite, and writers serialize their commits), so a cursor on `id` sees every event once.
-container_event_log = Table(
-    "container_event_log",
+# once it is committed here; `container_events` turns the log into the three tables above. One
+# segment row per cluster and group commit holds all of its events (`store/event_log.py` says how
+# they are packed): PostgreSQL then writes one wide row per round instead of thousands. Segment
+# ids only grow (AUTOINCREMENT on SQLite, and writers serialize their commits), so a cursor on `id`
+# sees every event once.
+container_event_segment = Table(
+    "container_event_segment",
     lens_metadata,
     Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
     _cluster(),
-    Column("event_key", String(64), nullable=False),
-    Column("source", String(16), nullable=False),  # "k8s" | "docker"
-    Column("event_type", String(64), nullable=False),
-    Column("container_id", String(128), nullable=False),
-    Column("node_name", String(K8S_NAME), nullable=False),
-    Column("event_id", String(128)),  # the agent's own id, when it sends one
-    Column("needs_processing", Boolean, nullable=False),  # false: the original ignored it (no GPU)
+    Column("events", Integer, nullable=False),
+    Column("to_process", Integer, nullable=False),  # events the original did not ignore (I13)
+    Column("received_at", UTCDateTime(), nullable=False),  # of its newest event (for retention)
     Column("payload", LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb"), nullable=False),
-    Column("payload_format", String(8), nullable=False),  # "struct": protobuf Struct bytes; "json"
-    Column("received_at", UTCDateTime(), nullable=False),
-    UniqueConstraint("cluster_name", "event_key"),
-    Index("ix_container_event_log_cluster_id", "cluster_name", "id"),
+    UniqueConstraint("cluster_name", "id"),
     sqlite_autoincrement=True,
+)
+
+# What makes a replay a no-op: each logged event's key (SHA-256 of its id, else of its content),
+# with the segment that holds it, so retention drops both together.
+container_event_key = Table(
+    "container_event_key",
+    lens_metadata,
+    _cluster(),
+    Column(
+        "event_key",
+        LargeBinary(32).with_variant(mysql.BINARY(32), "mysql", "mariadb"),
+        nullable=False,
+    ),
+    Column("segment_id", BigInteger, nullable=False),
+    UniqueConstraint("cluster_name", "event_key"),
+    Index("ix_container_event_key_segment", "segment_id"),
 )
 
 # How far `container_events` has processed each cluster's log, written in the same transaction as

@@ -11,6 +11,8 @@ import grpc
 from lens_pipeline.ingest.config import IngestConfig
 from lens_pipeline.ingest.server import IngestServer, RunningServer
 from lens_pipeline.sim import node_agent as agent
+from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.event_log import LoggedEvent, logged_events
 
 CREATED_NS = 1_763_700_000_000_000_000  # 2025-11-21, as the CRI reports it
 
@@ -33,6 +35,12 @@ def ingest_server(database_url: str, **overrides: object) -> Iterator[IngestServ
 def channel(server: IngestServer) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
         yield ch
+
+
+def logged(database_url: str) -> list[LoggedEvent]:
+    """Every event in the log, in log order."""
+    with get_engine(database_url).connect() as conn:
+        return logged_events(conn)
 
 
 def free_port() -> int:

@@ -36,7 +36,7 @@ def test_a_real_shaped_event_becomes_a_log_row():
         "node-1",
     )
     assert row["needs_processing"] is True
-    assert row["payload_format"] == "struct" and row["received_at"] == NOW
+    assert row["payload_format"] == "event" and row["received_at"] == NOW
 
 
 def test_the_original_clients_bytes_are_understood():

@@ -9,16 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sqlalchemy import func, select
 
 from lens_pipeline.sim import node_agent as agent
-from lens_pipeline.store.db import get_engine
-from lens_pipeline.store.schema import container_event_log
-from lens_pipeline_tests.ingest.support import container_id, free_port, gpu_container
+from lens_pipeline_tests.ingest.support import container_id, free_port, gpu_container, logged
 
 EVENTS = 3000
 KILL_AT = 1500
@@ -46,10 +44,7 @@ def _start(lens_url: str, grpc_port: int, http_port: int, log_path: Path) -> sub
 
 
 def _logged(lens_url: str) -> list[tuple[str, int]]:
-    log = container_event_log.c
-    with get_engine(lens_url).connect() as conn:
-        query = select(log.container_id, func.count()).group_by(log.container_id)
-        return [(cid, n) for cid, n in conn.execute(query)]
+    return list(Counter(event.container_id for event in logged(lens_url)).items())
 
 
 def test_kill_9_mid_stream_loses_no_acknowledged_event(lens_url, tmp_path):

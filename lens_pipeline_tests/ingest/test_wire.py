@@ -12,20 +12,15 @@ import pytest
 from dagster import instance_for_test, materialize
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from lens_pipeline.defs.containers.assets import container_events
 from lens_pipeline.defs.resources import LensDatabase
 from lens_pipeline.ingest.config import Tokens
 from lens_pipeline.sim import node_agent as agent
 from lens_pipeline.store.db import get_engine
-from lens_pipeline.store.schema import (
-    container_event_log,
-    node_container,
-    node_container_devices,
-    node_container_event,
-)
-from lens_pipeline_tests.ingest.support import channel, container_id, gpu_container, ingest_server
+from lens_pipeline.store.schema import node_container, node_container_devices, node_container_event
+from lens_pipeline_tests.ingest.support import channel, container_id, gpu_container, ingest_server, logged
 
 
 def _materialize(lens_url: str, cluster: str = "east") -> dict:
@@ -47,8 +42,7 @@ def _table(lens_url: str, table, *columns: str) -> set[tuple]:
 
 
 def _log_count(lens_url: str) -> int:
-    with get_engine(lens_url).connect() as conn:
-        return conn.execute(select(func.count()).select_from(container_event_log)).scalar()
+    return len(logged(lens_url))
 
 
 def test_an_original_agent_streams_and_the_tables_hold_what_the_events_imply(lens_url):
@@ -191,7 +185,7 @@ def test_a_wrong_or_missing_token_is_refused_and_writes_nothing(sqlite_url):
         assert (result.code, result.acked) == (None, 1)
         status, answer = _post(server, "/v1/container-events", _http_event(2), token="east-secret")
         assert (status, answer) == (200, {"total": 1, "success": 1, "error": 0})
-    assert _table(sqlite_url, container_event_log, "cluster_name", "container_id") == {
+    assert {(e.cluster, e.container_id) for e in logged(sqlite_url)} == {
         ("west", container_id(1)),
         ("east", container_id(2)),
     }
@@ -306,7 +300,7 @@ def test_a_batch_is_answered_event_by_event(sqlite_url):
         result = agent.stream_events(ch, [first, second, docker, b"\x08\x01"], method=agent.BATCH_METHOD)
     assert result.code is None and result.acked == 8  # 7 events + 1 unreadable batch
     assert sorted(result.errors) == [2, 5, 8]
-    assert _table(sqlite_url, container_event_log, "source", "container_id") == {
+    assert {(e.source, e.container_id) for e in logged(sqlite_url)} == {
         *(("k8s", container_id(i)) for i in range(1, 5)),
         ("docker", "d1"),
     }

@@ -3,13 +3,14 @@
 
 Each chunk of the log is read, applied and written in one transaction together with the cluster's
 watermark (`container_event_progress`), so a failed run leaves tables and watermark as they were
-and a replayed run adds nothing.
+and a replayed run adds nothing. Then the log's processed segments older than the retention are
+dropped (with their replay keys).
 """
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import orjson
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, MaterializeResult
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, Config, MaterializeResult
 from google.protobuf.message import DecodeError
 
 from lens_pipeline.collect.containers import ContainerEventRecord, apply_events
@@ -19,12 +20,17 @@ from lens_pipeline.defs.collectors.reporting import markdown_table, problems_met
 from lens_pipeline.defs.resources import LensDatabase
 from lens_pipeline.store.containers import stored_containers, write_container_rows
 from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.event_log import last_id, processed_up_to, read_events, set_processed_up_to
+from lens_pipeline.store.event_log import last_id, processed_up_to, prune, read_events, set_processed_up_to
 
 # Events per transaction: on SQLite the ingest sidecar waits for the write lock meanwhile.
 CHUNK_EVENTS = 2000
 # A run stops after this many and the sensor's next run continues: runs stay short.
 MAX_EVENTS_PER_RUN = 200_000
+
+
+class ContainerEventsConfig(Config):
+    # Processed log segments older than this are dropped; a replay of their events is logged again.
+    log_retention_days: float = 7.0
 
 
 @collector(
@@ -35,7 +41,9 @@ MAX_EVENTS_PER_RUN = 200_000
     checks={"every_event_readable": "Every logged event's data could be decoded and applied."},
     kinds=frozenset({"grpc", "sql"}),
 )
-def container_events(context: AssetExecutionContext, lens_db: LensDatabase) -> MaterializeResult:
+def container_events(
+    context: AssetExecutionContext, config: ContainerEventsConfig, lens_db: LensDatabase
+) -> MaterializeResult:
     cluster = context.partition_key
     engine = lens_db.engine()
     started = datetime.now(UTC)
@@ -53,14 +61,18 @@ def container_events(context: AssetExecutionContext, lens_db: LensDatabase) -> M
             if horizon <= watermark:
                 break
             chunk = read_events(conn, cluster, watermark, horizon, CHUNK_EVENTS)
-            upto = chunk[-1].id if len(chunk) == CHUNK_EVENTS else horizon
+            upto = chunk.up_to_id
             records = []
-            for logged in chunk:
+            for logged in chunk.events:
                 try:
                     data = logged.data()
                 except (DecodeError, orjson.JSONDecodeError) as exc:
                     problems.append(
-                        Problem("ContainerEvent", f"log id {logged.id}", f"undecodable data: {exc}")
+                        Problem(
+                            "ContainerEvent",
+                            f"log segment {logged.id} event {logged.index}",
+                            f"undecodable data: {exc}",
+                        )
                     )
                     continue
                 records.append(
@@ -81,7 +93,7 @@ def container_events(context: AssetExecutionContext, lens_db: LensDatabase) -> M
             written = write_container_rows(conn, cluster, rows)
             set_processed_up_to(conn, cluster, upto, datetime.now(UTC))
         watermark = upto
-        totals["events"] += len(chunk)
+        totals["events"] += len(chunk.events)
         totals["containers"] += written["containers"]
         totals["devices"] += written["devices"]
         totals["events_written"] += written["events"]
@@ -89,6 +101,10 @@ def container_events(context: AssetExecutionContext, lens_db: LensDatabase) -> M
             sample.setdefault(row["container_id"], row)
         if upto >= horizon or totals["events"] >= MAX_EVENTS_PER_RUN:
             break
+    with write_transaction(engine) as conn:
+        pruned = prune(
+            conn, cluster, watermark or 0, datetime.now(UTC) - timedelta(days=config.log_retention_days)
+        )
     for problem in problems[:MAX_LOGGED_PROBLEMS]:
         context.log.warning(f"cluster {cluster}: skipped {problem}")
     backlog = max(0, (horizon or 0) - (watermark or 0))
@@ -103,6 +119,7 @@ def container_events(context: AssetExecutionContext, lens_db: LensDatabase) -> M
             "log_watermark_before": first_watermark or 0,
             "log_watermark": watermark or 0,
             "log_ids_left": backlog,
+            "log_events_pruned": pruned,
             "oldest_event_age_seconds": round((started - oldest_received).total_seconds(), 3)
             if oldest_received
             else 0.0,
