@@ -2,7 +2,7 @@
 
 The simulator runs in a subprocess (its memory is not ours). The collectors are materialized
 through Dagster in this process, as the `collect_cluster` job runs them: one run, shared LISTs.
-Prints wall time, this process's peak RSS and what the simulator was asked.
+Prints wall time, this process's CPU time and peak RSS, and what the simulator was asked.
 
     .venv/bin/python bench/bench_collectors.py --nodes 5000 --pods-per-node 30 [--assets gpu_nodes ...]
         [--database-url postgresql+psycopg2://postgres@127.0.0.1:5432/lens_bench]
@@ -98,6 +98,7 @@ def run(cluster: dict, url: str, asset_names: list[str]) -> int:
         for label in ("first run", "no-change run"):
             requests_seen(cluster["base"], reset=True)
             started = time.perf_counter()
+            cpu_before = _cpu_seconds()
             result = materialize(
                 assets,
                 partition_key=cluster["name"],
@@ -109,6 +110,7 @@ def run(cluster: dict, url: str, asset_names: list[str]) -> int:
                 },
             )
             wall = time.perf_counter() - started
+            cpu = _cpu_seconds() - cpu_before
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             rows = {}
             for name in asset_names:
@@ -119,11 +121,18 @@ def run(cluster: dict, url: str, asset_names: list[str]) -> int:
             kube = sum(n for p, n in counts.items() if "/prometheus/" not in p)
             prom = sum(n for p, n in counts.items() if "/prometheus/" in p)
             print(
-                f"  {label}: wall {wall:.2f} s, peak RSS {peak:.0f} MiB, Kubernetes requests {kube}, "
+                f"  {label}: wall {wall:.2f} s, cpu {cpu:.2f} s, peak RSS {peak:.0f} MiB, Kubernetes requests {kube}, "
                 f"Prometheus queries {prom}; {'; '.join(f'{k}: {v}' for k, v in rows.items())}"
             )
             print(f"    requests: {json.dumps(counts)}")
     return 0
+
+
+def _cpu_seconds() -> float:
+    """This process's user + system CPU time: unlike wall time, barely moved by other processes'
+    load on the machine (the simulator's own work is not in it)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 if __name__ == "__main__":

@@ -62,20 +62,20 @@ def bulk_upsert(
             raise ValueError(f"{table.name}: every row of one upsert must have the same columns")
     dialect = conn.dialect
     sql = _upsert_sql(dialect, table, columns, key, update_columns)
-    values = _driver_values(dialect, table, columns, rows)
-    if update_columns:
-        # One multi-row statement may not update the same row twice (PostgreSQL refuses); the last
-        # row of a key wins, as it would row by row.
-        positions = [columns.index(k) for k in key]
-        last = {tuple(v[i] for i in positions): v for v in values}
-        if len(last) != len(values):
-            values = list(last.values())
+    positions = [columns.index(k) for k in key]
     if not conn.in_transaction():
         conn.begin()  # what `conn.execute` would do: the rows belong to the caller's transaction
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
-        for start in range(0, len(values), batch_rows):
-            batch = values[start : start + batch_rows]
+        # Converted batch by batch: 100k snapshots converted at once would all be JSON text at once.
+        for start in range(0, len(rows), batch_rows):
+            batch = _driver_values(dialect, table, columns, rows[start : start + batch_rows])
+            if update_columns:
+                # One multi-row statement may not update the same row twice (PostgreSQL refuses);
+                # the last row of a key wins, as it would row by row.
+                last = {tuple(v[i] for i in positions): v for v in batch}
+                if len(last) != len(batch):
+                    batch = list(last.values())
             if dialect.name == "postgresql":
                 execute_values(cursor, sql, batch, page_size=batch_rows)
             else:
@@ -213,9 +213,11 @@ def _sync(
     key_width = len(key)
     compared = slice(key_width, key_width + len(compare))
     query = select(*(table.c[c] for c in wanted_columns))
+    live = where if settled is None else and_(where, not_(settled))
     stored: dict[tuple, tuple] = {
         tuple(record[:key_width]): tuple(record)
-        for record in conn.execute(query.where(where if settled is None else and_(where, not_(settled)))).all()
+        for part in conn.execute(query.where(live)).partitions(BATCH_ROWS)
+        for record in part
     }
     key_of = _getter(key)
     values_of = _getter(compare)
