@@ -76,17 +76,12 @@ def append_events(conn: Connection, rows: Sequence[dict]) -> int:
     by_cluster: dict[str, list[dict]] = {}
     for (cluster, _), row in fresh.items():
         by_cluster.setdefault(cluster, []).append(row)
-    for cluster, cluster_rows in by_cluster.items():
-        known = _known_keys(conn, cluster, [row["event_key"] for row in cluster_rows])
-        if known:
-            cluster_rows[:] = [row for row in cluster_rows if row["event_key"] not in known]
-    added = 0
-    for cluster, cluster_rows in by_cluster.items():
-        for segment in _segments(cluster_rows):
-            segment_id = _insert_segment(conn, cluster, segment)
-            _insert_keys(conn, cluster, [row["event_key"] for row in segment], segment_id)
-            added += len(segment)
-    return added
+    append = _append_postgresql if conn.dialect.name == "postgresql" else _append_portable
+    return sum(
+        append(conn, cluster, segment)
+        for cluster, cluster_rows in by_cluster.items()
+        for segment in _segments(cluster_rows)
+    )
 
 
 def _segments(rows: list[dict]) -> Iterator[list[dict]]:
@@ -98,6 +93,53 @@ def _segments(rows: list[dict]) -> Iterator[list[dict]]:
             start, size = index, len(row["payload"])
     if start < len(rows):
         yield rows[start:]
+
+
+def _append_portable(conn: Connection, cluster: str, rows: list[dict]) -> int:
+    known = _known_keys(conn, cluster, [row["event_key"] for row in rows])
+    rows = [row for row in rows if row["event_key"] not in known]
+    if not rows:
+        return 0
+    values = _segment_values(cluster, rows)
+    values["payload"] = b"".join(values["payload"])
+    segment_id = int(conn.execute(insert(container_event_segment).values(values)).inserted_primary_key[0])
+    conn.execute(
+        insert(container_event_key),
+        [{"cluster_name": cluster, "event_key": row["event_key"], "segment_id": segment_id} for row in rows],
+    )
+    return len(rows)
+
+
+def _append_postgresql(conn: Connection, cluster: str, rows: list[dict]) -> int:
+    """PostgreSQL: the keys in one statement that also says which are new (all keys travel as one
+    bytea, not an array of thousands of escaped values), then the segment by binary COPY."""
+    result = conn.exec_driver_sql(
+        "WITH segment AS (SELECT nextval(pg_get_serial_sequence('container_event_segment', 'id')) AS id), "
+        "added AS (INSERT INTO container_event_key (cluster_name, event_key, segment_id) "
+        "SELECT %(cluster)s, substring(%(keys)s::bytea FROM i * 32 + 1 FOR 32), segment.id "
+        "FROM generate_series(0, %(n)s - 1) AS i, segment "
+        "ON CONFLICT (cluster_name, event_key) DO NOTHING RETURNING event_key) "
+        "SELECT segment.id, added.event_key FROM segment LEFT JOIN added ON true",
+        {"cluster": cluster, "keys": b"".join(row["event_key"] for row in rows), "n": len(rows)},
+    ).all()
+    segment_id = int(result[0][0])
+    added = {bytes(key) for _, key in result if key is not None}
+    if len(added) < len(rows):
+        rows = [row for row in rows if row["event_key"] in added]
+    if not rows:
+        return 0
+    _copy_segment(conn, segment_id, _segment_values(cluster, rows))
+    return len(rows)
+
+
+def _segment_values(cluster: str, rows: list[dict]) -> dict:
+    return {
+        "cluster_name": cluster,
+        "events": len(rows),
+        "to_process": sum(1 for row in rows if row["needs_processing"]),
+        "received_at": max(row["received_at"] for row in rows),
+        "payload": [SEGMENT_VERSION, *(encode_record(row) for row in rows)],
+    }
 
 
 def encode_record(row: dict) -> bytes:
@@ -124,78 +166,42 @@ def encode_record(row: dict) -> bytes:
     return b"".join((header, *parts))
 
 
-def _insert_segment(conn: Connection, cluster: str, rows: list[dict]) -> int:
-    payload = b"".join((SEGMENT_VERSION, *(encode_record(row) for row in rows)))
-    values = {
-        "cluster_name": cluster,
-        "events": len(rows),
-        "to_process": sum(1 for row in rows if row["needs_processing"]),
-        "received_at": max(row["received_at"] for row in rows),
-        "payload": payload,
-    }
-    if conn.dialect.name == "postgresql":
-        return _copy_segment(conn, values)
-    return int(conn.execute(insert(container_event_segment).values(values)).inserted_primary_key[0])
-
-
-def _copy_segment(conn: Connection, values: dict) -> int:
-    """PostgreSQL: the segment by binary COPY: megabytes of payload go as they are, not hex-escaped."""
-    segment_id = int(conn.execute(text("SELECT nextval(pg_get_serial_sequence('container_event_segment', 'id'))")).scalar())
+def _copy_segment(conn: Connection, segment_id: int, values: dict) -> None:
+    """The segment by binary COPY: megabytes of payload go as they are, in one buffer, not hex-escaped."""
     received = values["received_at"] - datetime(2000, 1, 1, tzinfo=UTC)  # PostgreSQL's epoch
+    payload = values["payload"]
+    size = sum(len(part) for part in payload)
     fields = (
         struct.pack("!q", segment_id),
         values["cluster_name"].encode(),
         struct.pack("!i", values["events"]),
         struct.pack("!i", values["to_process"]),
         struct.pack("!q", (received.days * 86_400 + received.seconds) * 1_000_000 + received.microseconds),
-        values["payload"],
     )
-    stream = io.BytesIO()
-    stream.write(b"PGCOPY\n\xff\r\n\x00" + struct.pack("!iih", 0, 0, len(fields)))
+    parts = [b"PGCOPY\n\xff\r\n\x00", struct.pack("!iih", 0, 0, len(fields) + 1)]
     for field in fields:
-        stream.write(struct.pack("!i", len(field)))
-        stream.write(field)
-    stream.write(struct.pack("!h", -1))
-    stream.seek(0)
+        parts += (struct.pack("!i", len(field)), field)
+    parts += (struct.pack("!i", size), *payload, struct.pack("!h", -1))
+    stream = io.BytesIO(b"".join(parts))
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
         cursor.copy_expert(
             "COPY container_event_segment (id, cluster_name, events, to_process, received_at, payload) "
             "FROM STDIN WITH (FORMAT binary)",
             stream,
+            size=len(stream.getbuffer()),
         )
     finally:
         cursor.close()
-    return segment_id
 
 
 def _known_keys(conn: Connection, cluster: str, keys: list[bytes]) -> set[bytes]:
     k = container_event_key.c
-    if conn.dialect.name == "postgresql":
-        result = conn.exec_driver_sql(
-            "SELECT event_key FROM container_event_key WHERE cluster_name = %(cluster)s AND event_key = ANY(%(keys)s)",
-            {"cluster": cluster, "keys": keys},
-        )
-        return {bytes(key) for (key,) in result}
     known: set[bytes] = set()
     for start in range(0, len(keys), 500):
         query = select(k.event_key).where(k.cluster_name == cluster, k.event_key.in_(keys[start : start + 500]))
         known.update(bytes(key) for key in conn.scalars(query))
     return known
-
-
-def _insert_keys(conn: Connection, cluster: str, keys: list[bytes], segment_id: int) -> None:
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql(
-            "INSERT INTO container_event_key (cluster_name, event_key, segment_id) "
-            "SELECT %(cluster)s, key, %(segment)s FROM unnest(%(keys)s::bytea[]) AS key",
-            {"cluster": cluster, "segment": segment_id, "keys": keys},
-        )
-        return
-    conn.execute(
-        insert(container_event_key),
-        [{"cluster_name": cluster, "event_key": key, "segment_id": segment_id} for key in keys],
-    )
 
 
 @dataclass(frozen=True)
