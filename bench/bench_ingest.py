@@ -53,6 +53,9 @@ def main() -> int:
     parser.add_argument(
         "--rate", type=float, default=0, help="offered events/s per client (0: as fast as acked)"
     )
+    parser.add_argument(
+        "--event-ids", action="store_true", help="events carry an event_id (agents of the batch method)"
+    )
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds not counted at the start")
     parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
@@ -90,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
         ]
         command += ["--streams", str(args.streams), "--window", str(args.window)]
         command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup), "--rate", str(args.rate)]
+        command += ["--event-ids"] if args.event_ids else []
         clients = [
             subprocess.Popen([*command, "--client", str(index)], stdout=subprocess.PIPE, text=True)
             for index in range(args.clients)
@@ -115,6 +119,7 @@ def _run(args: argparse.Namespace) -> int:
     print(
         f"database: {dialect}; mode: {args.mode}"
         + (f" ({args.batch} events/message)" if args.mode == "batch" else "")
+        + ("; events with event_id" if args.event_ids else "; no event_id (replay key from the content)")
     )
     offered = f", offered {args.rate * args.clients:,.0f} events/s" if args.rate else ", unpaced"
     print(
@@ -155,6 +160,7 @@ async def _client(args: argparse.Namespace) -> dict:
                     measure_from,
                     deadline,
                     args.rate / args.streams,
+                    args.event_ids,
                 )
                 for k in range(args.streams)
             )
@@ -168,7 +174,9 @@ async def _client(args: argparse.Namespace) -> dict:
     }
 
 
-async def _stream(channel, method, head, tail, client, k, per_message, window, measure_from, deadline, rate):
+async def _stream(
+    channel, method, head, tail, client, k, per_message, window, measure_from, deadline, rate, event_ids
+):
     call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)()
     sent: deque[tuple[int, float]] = deque()  # (last sequence of a message, send time)
     state = {"acked": 0, "measured": 0}
@@ -206,7 +214,9 @@ async def _stream(channel, method, head, tail, client, k, per_message, window, m
         events = []
         for _ in range(per_message):
             seq += 1
-            events.append(head + f"{prefix}{seq:056x}".encode() + tail)
+            unique = f"{prefix}{seq:056x}".encode()
+            # field 5 (event_id), length-delimited: 64 characters
+            events.append(head + unique + tail + (b"\x2a\x40" + unique if event_ids else b""))
         message = agent.batch(events) if per_message > 1 or method == agent.BATCH_METHOD else events[0]
         sent.append((seq, time.monotonic()))
         await call.write(message)

@@ -108,7 +108,7 @@ class IngestHttpApp:
                 continue
             server.count_received(row["source"], row["cluster_name"])
             last_offered = index + 1
-            server.offer(producer, row, last_offered, received)
+            server.offer(producer, [row], last_offered, received)
             accepted += 1
         if accepted:
             await server.room()

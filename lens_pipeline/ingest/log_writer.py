@@ -67,13 +67,14 @@ class LogWriter:
     def pending_rows(self) -> int:
         return self._pending_rows
 
-    def offer(self, producer: Producer, row: dict | None, seq: int, received: float) -> None:
-        """Queue `row` (None: a refused event, which only moves the sequence) for the next round."""
+    def offer(self, producer: Producer, rows: list[dict], seq: int, received: float) -> None:
+        """Queue `rows` (a message's accepted events; none when all were refused, which only moves
+        the sequence to `seq`) for the next round."""
         with self._lock:
-            if row is not None:
-                producer.rows.append(row)
-                producer.received.append(received)
-                self._pending_rows += 1
+            if rows:
+                producer.rows += rows
+                producer.received += [received] * len(rows)
+                self._pending_rows += len(rows)
             producer.last_seq = seq
             if not producer.queued:
                 producer.queued = True

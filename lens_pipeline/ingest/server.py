@@ -206,9 +206,9 @@ class IngestServer:
 
         return Producer(on_commit=notify)
 
-    def offer(self, producer: Producer, row: dict | None, seq: int, received: float) -> None:
+    def offer(self, producer: Producer, rows: list[dict], seq: int, received: float) -> None:
         assert self._writer is not None
-        self._writer.offer(producer, row, seq, received)
+        self._writer.offer(producer, rows, seq, received)
 
     async def room(self) -> None:
         """Wait while the writer is too far behind (back-pressure on the agents)."""
@@ -216,11 +216,11 @@ class IngestServer:
         while self._writer.pending_rows > self.config.max_pending_rows:
             await asyncio.sleep(0.005)
 
-    def count_received(self, source: str, cluster: str) -> None:
+    def count_received(self, source: str, cluster: str, events: int = 1) -> None:
         child = self._received.get((source, cluster))
         if child is None:
             child = self._received[(source, cluster)] = self.metrics.received.labels(source, cluster)
-        child.inc()  # type: ignore[attr-defined]
+        child.inc(events)  # type: ignore[attr-defined]
 
     def count_refused(self, source: str, cluster: str, reason: str) -> None:
         self.metrics.errors.labels(source, cluster, reason).inc()
@@ -282,20 +282,28 @@ class IngestServer:
                     events, source = split_batch(message)
                 except Refused as exc:  # the batch itself is unreadable: it counts as one event
                     seq += 1
-                    self._refuse(origin, fallback_cluster, stream, producer, seq, received, exc)
+                    self._refuse(origin, fallback_cluster, stream, seq, exc)
+                    self.offer(producer, [], seq, received)
                     continue
                 if source != origin.source:
                     message_origin = replace(origin, source=source)
             now = datetime.now(UTC)
+            rows = []
             for raw in events:
                 seq += 1
                 try:
-                    row = from_grpc(raw, message_origin, now, self.config.max_event_bytes)
+                    rows.append(from_grpc(raw, message_origin, now, self.config.max_event_bytes))
                 except Refused as exc:
-                    self._refuse(message_origin, fallback_cluster, stream, producer, seq, received, exc)
-                    continue
-                self.count_received(message_origin.source, row["cluster_name"])
-                self.offer(producer, row, seq, received)
+                    self._refuse(message_origin, fallback_cluster, stream, seq, exc)
+            if rows:
+                cluster = rows[0]["cluster_name"]
+                if all(row["cluster_name"] == cluster for row in rows):
+                    self.count_received(message_origin.source, cluster, len(rows))
+                else:
+                    for row in rows:
+                        self.count_received(message_origin.source, row["cluster_name"])
+            # One offer per message: the sequence moves past its refused events too.
+            self.offer(producer, rows, seq, received)
             if self._writer is not None and self._writer.pending_rows > self.config.max_pending_rows:
                 await self.room()
         stream.end_of_input(seq)
@@ -305,15 +313,12 @@ class IngestServer:
         origin: Origin,
         cluster: str,
         stream: _Stream,
-        producer: Producer,
         seq: int,
-        received: float,
         exc: Refused,
     ) -> None:
         self.count_received(origin.source, cluster)
         self.count_refused(origin.source, cluster, exc.reason)
         stream.refused(seq, exc)
-        self.offer(producer, None, seq, received)
 
 
 def serve_forever(config: IngestConfig) -> int:

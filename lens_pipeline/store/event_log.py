@@ -113,21 +113,24 @@ def _append_portable(conn: Connection, cluster: str, rows: list[dict]) -> int:
 def _append_postgresql(conn: Connection, cluster: str, rows: list[dict]) -> int:
     """PostgreSQL: the keys in one statement that also says which are new (all keys travel as one
     bytea, not an array of thousands of escaped values), then the segment by binary COPY."""
-    result = conn.exec_driver_sql(
+    # The added keys come back only when some were already logged (a replay): usually none.
+    segment_id, added, added_keys = conn.exec_driver_sql(
         "WITH segment AS (SELECT nextval(pg_get_serial_sequence('container_event_segment', 'id')) AS id), "
         "added AS (INSERT INTO container_event_key (cluster_name, event_key, segment_id) "
         "SELECT %(cluster)s, substring(%(keys)s::bytea FROM i * 32 + 1 FOR 32), segment.id "
         "FROM generate_series(0, %(n)s - 1) AS i, segment "
-        "ON CONFLICT (cluster_name, event_key) DO NOTHING RETURNING event_key) "
-        "SELECT segment.id, added.event_key FROM segment LEFT JOIN added ON true",
+        "ON CONFLICT (cluster_name, event_key) DO NOTHING RETURNING event_key), "
+        "counted AS (SELECT count(*) AS n FROM added) "
+        "SELECT (SELECT id FROM segment), counted.n, "
+        "CASE WHEN counted.n < %(n)s THEN (SELECT array_agg(event_key) FROM added) END FROM counted",
         {"cluster": cluster, "keys": b"".join(row["event_key"] for row in rows), "n": len(rows)},
-    ).all()
-    segment_id = int(result[0][0])
-    added = {bytes(key) for _, key in result if key is not None}
-    if len(added) < len(rows):
-        rows = [row for row in rows if row["event_key"] in added]
+    ).one()
+    if added < len(rows):
+        fresh = {bytes(key) for key in added_keys or ()}
+        rows = [row for row in rows if row["event_key"] in fresh]
     if not rows:
         return 0
+    segment_id = int(segment_id)
     _copy_segment(conn, segment_id, _segment_values(cluster, rows))
     return len(rows)
 
