@@ -20,7 +20,7 @@ from pydantic import Field
 
 
 class RetentionConfig(Config):
-    keep_hours: float = Field(default=48.0, ge=0, description="finished runs younger than this stay")
+    keep_hours: float = Field(default=24.0, ge=0, description="finished runs younger than this stay")
     max_deletions: int = Field(default=20_000, ge=1, description="at most this many per run (catch-up)")
 
 
@@ -54,7 +54,7 @@ prune_every_hour = ScheduleDefinition(
     job=prune_run_history,
     cron_schedule="17 * * * *",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="Keeps the Dagster instance to the last two days of runs.",
+    description="Keeps the Dagster instance to the last day of runs.",
 )
 
 defs = Definitions(jobs=[prune_run_history], schedules=[prune_every_hour])

@@ -1,0 +1,185 @@
+"""Benchmark: how many simulated clusters one machine keeps fresh at one-minute refresh.
+
+Starts `lens demo` (simulator, SQLite, `dagster dev` with its daemon and webserver) with
+`--clusters` clusters of `--nodes` GPU nodes, lets it settle for one round, then for `--minutes`
+samples every 5 s: the staleness of every cluster's overview (now - `cluster_overview_cache.updated_at`),
+the CPU and memory of the daemon, the webserver, the code server and the runs, and at the end the
+growth of the Dagster instance and the Lens database per run.
+
+    .venv/bin/python bench/bench_fleet.py --clusters 30 --nodes 100 --minutes 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+
+ROLES = (
+    ("webserver", ("dagster-webserver", "dagster_webserver")),
+    ("daemon", ("dagster-daemon", "dagster_daemon", "daemon run")),
+    # `dagster dev` launches each run in a spawned process.
+    ("runs", ("execute_run", "execute_step", "multiprocessing.spawn")),
+    ("code server", ("api grpc", "code-server", "grpc-health")),
+)
+
+
+def role(process: psutil.Process) -> str:
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return "runs"  # gone before its command line was read: a short-lived run process
+    for name, needles in ROLES:
+        if any(n in command for n in needles):
+            return name
+    if "dagster dev" in command:
+        return "dagster dev"
+    return "demo + simulator" if "lens" in command else "other"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def staleness(lens_db: Path, clusters: int) -> list[float] | None:
+    """Seconds since each cluster's overview was written; None until every cluster has one."""
+    try:
+        with sqlite3.connect(f"file:{lens_db}?mode=ro", uri=True, timeout=5) as conn:
+            rows = conn.execute("SELECT updated_at FROM cluster_overview_cache").fetchall()
+    except sqlite3.Error:
+        return None
+    if len(rows) < clusters:
+        return None
+    now = datetime.now(UTC)
+    return [(now - datetime.fromisoformat(r[0]).replace(tzinfo=UTC)).total_seconds() for r in rows]
+
+
+def tree_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--clusters", type=int, default=30)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--minutes", type=float, default=8)
+    parser.add_argument(
+        "--settle-minutes", type=float, default=6, help="longest wait for the first full round"
+    )
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp)
+        lens = Path(sys.executable).with_name("lens")
+        command = [str(lens), "demo", "--clusters", str(args.clusters), "--nodes", str(args.nodes)]
+        command += ["--port", str(free_port()), "--api-port", "0", "--ingest-port", "0"]
+        command += ["--state-dir", str(state), "--churn", "20"]
+        started = time.monotonic()
+        demo = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        lens_db, home = state / "lens.db", state / "dagster_home"
+        try:
+            while staleness(lens_db, args.clusters) is None:
+                if time.monotonic() - started > args.settle_minutes * 60:
+                    sys.exit(f"not every cluster had an overview after {args.settle_minutes} minutes")
+                time.sleep(5)
+            first_round = time.monotonic() - started
+            print(f"every cluster has an overview {first_round:.0f} s after start", flush=True)
+            size_before, db_before = tree_size(home), _db_size(lens_db)
+            runs_before = _finished_runs(home)
+            samples: list[float] = []
+            cpu: dict[str, list[float]] = defaultdict(list)
+            rss: dict[str, list[float]] = defaultdict(list)
+            root = psutil.Process(demo.pid)
+            known: dict[int, psutil.Process] = {}  # cpu_percent measures since the same object's last call
+            others: set[str] = set()
+            deadline = time.monotonic() + args.minutes * 60
+            while time.monotonic() < deadline:
+                time.sleep(5)
+                samples += staleness(lens_db, args.clusters) or []
+                by_role_cpu: dict[str, float] = defaultdict(float)
+                by_role_rss: dict[str, float] = defaultdict(float)
+                for found in [root, *root.children(recursive=True)]:
+                    process = known.setdefault(found.pid, found)
+                    try:
+                        name = role(process)
+                        if name == "other":
+                            others.add(" ".join(process.cmdline())[:160])
+                        by_role_cpu[name] += process.cpu_percent(None)
+                        by_role_rss[name] += process.memory_info().rss / 2**20
+                    except psutil.Error:
+                        continue
+                for name in by_role_cpu:
+                    cpu[name].append(by_role_cpu[name])
+                    rss[name].append(by_role_rss[name])
+            runs = _finished_runs(home) - runs_before
+            grown, db_grown = tree_size(home) - size_before, _db_size(lens_db) - db_before
+        finally:
+            os.killpg(demo.pid, signal.SIGINT)
+            try:
+                demo.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(demo.pid, signal.SIGKILL)
+
+    load = os.getloadavg()
+    print(f"{args.clusters} clusters x {args.nodes} nodes, {args.minutes:g} min measured; load {load[0]:.1f}")
+    print(
+        f"overview staleness over {len(samples)} samples: p50 {percentile(samples, 50):.0f} s, "
+        f"p95 {percentile(samples, 95):.0f} s, max {max(samples):.0f} s"
+    )
+    for name in sorted(cpu):
+        print(
+            f"  {name:18s} CPU mean {statistics.mean(cpu[name]):5.0f} %  "
+            f"RSS mean {statistics.mean(rss[name]):6.0f} MiB  max {max(rss[name]):6.0f} MiB"
+        )
+    for command in sorted(others)[:5]:
+        print(f"  (other: {command})")
+    per_run = grown / runs if runs else 0.0
+    per_cluster_day = per_run * 1440 * (runs / (args.clusters * args.minutes)) if runs else 0.0
+    print(
+        f"runs finished: {runs} ({runs / args.minutes:.1f}/min); Dagster instance grew {grown / 2**20:.1f} MiB "
+        f"({per_run / 1024:.0f} KiB per run, {per_cluster_day / 2**20:.0f} MiB per cluster per day "
+        f"without retention); Lens database grew {db_grown / 2**20:.1f} MiB"
+    )
+    return 0
+
+
+def _db_size(path: Path) -> int:
+    """The SQLite file and its write-ahead log."""
+    return sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.exists())
+
+
+def _finished_runs(home: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{home / 'history' / 'runs.db'}?mode=ro", uri=True, timeout=5) as conn:
+            return conn.execute(
+                "SELECT count(*) FROM runs WHERE status IN ('SUCCESS', 'FAILURE', 'CANCELED')"
+            ).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
