@@ -72,3 +72,42 @@ def test_lens_api_serves_the_database_of_the_environment(tmp_path):
         server.terminate()
         # uvicorn shuts down gracefully, then re-raises the signal: -SIGTERM is a clean stop.
         assert server.wait(timeout=30) in (0, -15)
+
+
+def test_dagster_asset_materialize_one_cluster_from_the_shell(tmp_path):
+    """`dagster asset materialize` of the collectors and views of one cluster partition, from the shell,
+    on an instance that knows the partition: the run succeeds and the overview row is written."""
+    from dagster import DagsterInstance
+    from sqlalchemy import select
+
+    from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+    from lens_pipeline.sim.fleet import SimFleet
+    from lens_pipeline.sim.registry import write_registry
+    from lens_pipeline.sim.server import SimServer
+    from lens_pipeline.store.schema import cluster_overview_cache
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    lens_url = f"sqlite:///{tmp_path / 'lens.db'}"
+    fleet = SimFleet.generate(clusters=1, nodes=4, seed=2, vendor="nvidia")
+    cluster = fleet.clusters[0].name
+    with SimServer(fleet) as server:
+        registry = write_registry(tmp_path / "clusters.yaml", server)
+        with DagsterInstance.from_config(str(home)) as instance:
+            instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [cluster])
+        env = {
+            **os.environ,
+            "DAGSTER_HOME": str(home),
+            "LENS_CLUSTERS_FILE": str(registry),
+            "LENS_DATABASE_URL": lens_url,
+            "LENS_SAFE_DATABASE_URL": f"sqlite:///{tmp_path / 'safe.db'}",
+        }
+        dagster = Path(sys.executable).with_name("dagster")
+        command = [str(dagster), "asset", "materialize", "-m", "lens_pipeline.definitions"]
+        command += ["--select", "gpu_nodes,gpu_devices,storage_backends,cluster_overview_cache"]
+        command += ["--partition", cluster]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    with get_engine(lens_url).connect() as conn:
+        rows = conn.execute(select(cluster_overview_cache.c.cluster_name)).all()
+    assert [r[0] for r in rows] == [cluster]
