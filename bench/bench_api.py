@@ -25,7 +25,7 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
-from lens_pipeline.collect.overview import OVERVIEW_FIGURES
+from lens_pipeline.collect.overview import NODE_COUNTS, OVERVIEW_FIGURES
 from lens_pipeline.store.db import get_engine, write_transaction
 from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.overview import write_overview
@@ -49,6 +49,7 @@ def fill(url: str, clusters: int, live_nodes: int) -> None:
     with write_transaction(engine) as conn:
         for i in range(clusters):
             figures = {name: float(rng.randint(0, 500)) for name in OVERVIEW_FIGURES}
+            figures.update({name: rng.randint(0, 500) for name in NODE_COUNTS})
             write_overview(conn, f"bench-{i}", figures, now=now)
         rows = [
             {

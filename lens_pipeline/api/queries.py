@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, bindparam, func, or_, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
 
 from lens_pipeline.collect.overview import OVERVIEW_FIGURES, overview_row, weighted_utilization
@@ -70,8 +72,11 @@ def _rows(conn: Connection, query: Any) -> list[Row]:
 
 
 class OverviewReader:
-    """The cluster's cached overview: one read of the unique index on `cluster_name`, as SQL compiled
-    once for the engine's dialect and sent straight to the driver (the hot path of the API)."""
+    """The cluster's cached overview: one read of the unique index on `cluster_name` (the API's hot
+    path). The SQL is compiled once for the engine's dialect and sent straight to the driver on a
+    connection of its own in autocommit mode: one round trip per request, no pool checkout and
+    no rollback on return. Called from the event loop only; a broken connection is replaced on
+    the next request."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -81,18 +86,40 @@ class OverviewReader:
         )
         self.sql = str(query.compile(dialect=engine.dialect))
         self.named = engine.dialect.paramstyle in ("named", "pyformat")
+        self._connection: Any = None
+
+    def _connect(self) -> Any:
+        pooled = self.engine.raw_connection()
+        pooled.detach()  # ours for good: never returned to the pool, never rolled back
+        connection = pooled.dbapi_connection
+        dialect = self.engine.dialect.name
+        if dialect == "sqlite":
+            connection.isolation_level = None
+        elif dialect in ("mysql", "mariadb"):
+            connection.autocommit(True)
+        else:
+            connection.autocommit = True
+        return connection
 
     def __call__(self, cluster: str) -> Row | None:
         params: Any = {"cluster": cluster} if self.named else (cluster,)
-        connection = self.engine.raw_connection()  # from the pool, back to it on close
+        if self._connection is None:
+            self._connection = self._connect()
         try:
-            cursor = connection.cursor()
+            cursor = self._connection.cursor()
             cursor.execute(self.sql, params)
             row = cursor.fetchone()
             cursor.close()
-        finally:
-            connection.close()
+        except self.engine.dialect.loaded_dbapi.Error as exc:
+            self.close()
+            raise DBAPIError.instance(self.sql, params, exc, self.engine.dialect.loaded_dbapi.Error) from exc
         return dict(zip(self.columns, row, strict=True)) if row is not None else None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.close()
+            self._connection = None
 
 
 def live_overview(conn: Connection, cluster: str) -> Row | None:
