@@ -350,3 +350,17 @@ def test_openapi_describes_the_routes(served):
         "/metrics",
     ):
         assert path in spec["paths"], path
+
+
+def test_a_lost_database_connection_is_a_503_then_recovers(served):
+    api, lens_url, _, cluster = served
+    if lens_url.startswith("postgresql"):
+        with get_engine(lens_url).connect() as conn:  # drop every other session: the API's too
+            conn.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        status, body = api.get("/v1/clusters/overview", cluster=cluster)
+        assert (status, body["meta"]["code"]) == (503, 5030)  # said clearly, not a 500
+    for _ in range(2):
+        assert api.get("/v1/clusters/overview", cluster=cluster)[0] == 200
