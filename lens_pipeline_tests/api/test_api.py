@@ -354,6 +354,7 @@ def test_openapi_describes_the_routes(served):
 
 def test_a_lost_database_connection_is_a_503_then_recovers(served):
     api, lens_url, _, cluster = served
+    assert api.get("/v1/clusters/overview", cluster=cluster)[0] == 200  # its connection is open
     if lens_url.startswith("postgresql"):
         with get_engine(lens_url).connect() as conn:  # drop every other session: the API's too
             conn.exec_driver_sql(
