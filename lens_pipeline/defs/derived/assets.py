@@ -19,7 +19,9 @@ views_automation = AutomationConditionSensorDefinition(
     "cluster_views_automation",
     target=AssetSelection.assets(*VIEWS),
     default_status=DefaultSensorStatus.RUNNING,
-    minimum_interval_seconds=30,
+    # The scheduled runs include the views already: this only follows up manual runs and backfills,
+    # and each evaluation over every cluster costs the daemon CPU.
+    minimum_interval_seconds=120,
     description="Materializes a derived asset of a cluster when a collector of that cluster was "
     "materialized without it (a backfill, a manual run); the scheduled runs include them already.",
 )
