@@ -132,13 +132,19 @@ def test_real_prometheus_answers_the_pipeline_queries_like_the_simulator(scraped
             assert from_real, f"{query} returned nothing"
 
 
-def test_collectors_on_a_real_prometheus_store_the_truth(scraped, tmp_path):
-    fleet, server, urls, _ = scraped
+def registry_on_real_prometheus(tmp_path, server: SimServer, urls: dict[str, str]):
+    """The simulator's registry with each cluster's Prometheus replaced by the real one."""
     registry = write_registry(tmp_path / "clusters.yaml", server)
     document = yaml.safe_load(registry.read_text())
     for entry in document["clusters"]:
         entry["prometheus_url"] = urls[entry["name"]]
     registry.write_text(yaml.safe_dump(document))
+    return registry
+
+
+def test_collectors_on_a_real_prometheus_store_the_truth(scraped, tmp_path):
+    fleet, server, urls, _ = scraped
+    registry = registry_on_real_prometheus(tmp_path, server, urls)
     url = f"sqlite:///{tmp_path / 'lens.db'}"
     with instance_for_test() as instance:
         instance.add_dynamic_partitions("cluster", [c.name for c in fleet])
@@ -210,11 +216,7 @@ def test_overview_and_workload_statistics_on_a_real_prometheus_equal_the_truth(s
     instant queries of the workload statistics, answered by a real Prometheus scraping the
     simulator: the stored rows are what the ground truth says."""
     fleet, server, urls, _ = scraped
-    registry = write_registry(tmp_path / "clusters.yaml", server)
-    document = yaml.safe_load(registry.read_text())
-    for entry in document["clusters"]:
-        entry["prometheus_url"] = urls[entry["name"]]
-    registry.write_text(yaml.safe_dump(document))
+    registry = registry_on_real_prometheus(tmp_path, server, urls)
     url = f"sqlite:///{tmp_path / 'lens.db'}"
     checked = 0
     with instance_for_test() as instance:
