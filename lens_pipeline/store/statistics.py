@@ -132,9 +132,8 @@ def write_consumers(conn: Connection, cluster_name: str, rows: Sequence[Row], *,
         conn,
         gpu_consumers,
         {"cluster_name": cluster_name},
-        [{"cluster_name": cluster_name, **row, "created_at": now} for row in rows],
+        [{"cluster_name": cluster_name, **row} for row in rows],
         now=now,
-        compare=[c for c in (rows[0] if rows else {}) if c != "uid"],
         on_vanish="delete",
     )
 
@@ -156,8 +155,7 @@ def write_node_statistics(
         conn,
         node_statistic,
         {"cluster": cluster},
-        # created_at rides along for the INSERT half of an update (NOT NULL); an upsert never overwrites it.
-        [{"cluster": cluster, **row, "deleted_at": None, "created_at": now} for row in rows],
+        [{"cluster": cluster, **row, "deleted_at": None} for row in rows],
         now=now,
         compare=("gpu_utilization", "deleted_at"),
         on_vanish={"deleted_at": now},

@@ -286,14 +286,14 @@ def _sync(
             result.updated.append(row_key)
         else:
             result.unchanged += 1
-    if inserts:
-        # A row may bring its own created_at (an object's creation time); otherwise it is first-seen time.
-        first_seen = {"created_at": now} if has_created else {}
-        stamp = {"updated_at": now} if has_updated else {}
-        bulk_upsert(conn, table, [{**first_seen, **row, **stamp} for row in inserts])
-    if updates:
-        stamp = {"updated_at": now} if has_updated else {}
-        bulk_upsert(conn, table, [{**row, **stamp} for row in updates])
+    # A row may bring its own created_at (an object's creation time); otherwise it is first-seen time.
+    # Updates carry it too: an upsert's INSERT half must satisfy NOT NULL, and the conflict update
+    # never overwrites created_at (NEVER_UPDATED).
+    first_seen = {"created_at": now} if has_created else {}
+    stamp = {"updated_at": now} if has_updated else {}
+    for changed in (inserts, updates):
+        if changed:
+            bulk_upsert(conn, table, [{**first_seen, **row, **stamp} for row in changed])
 
     protected = set(protect)
     gone = {
