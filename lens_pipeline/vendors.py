@@ -44,6 +44,10 @@ class VendorProfile:
         clusters with GPUs of both vendors add up."""
         return f"sum({self.util_metric})", f"count({self.util_metric})"
 
+    def pod_key(self, labels: dict[str, str]) -> tuple[str, str]:
+        """(namespace, pod) of a per-pod series of `pod_utilization_queries`."""
+        return labels.get(self.namespace_label, ""), labels.get(self.pod_label, "")
+
     def pod_utilization_queries(self, idle_below: float) -> tuple[str, str, str]:
         """Per pod (the exporters label a GPU with the pod holding it): the sum of its GPUs'
         utilization, their count, and how many of them are under `idle_below` percent."""

@@ -14,7 +14,7 @@ import hmac
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import orjson
@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -74,6 +74,18 @@ def page(
 
 
 Paging = Annotated[Page, Depends(page)]
+
+
+def _require_cluster(conn: Connection, cluster: str, total: int) -> None:
+    """An empty answer is a 404 when the database knows nothing of the cluster."""
+    if not total and not queries.cluster_exists(conn, cluster):
+        raise ApiError(404, f"cluster {cluster!r} not found")
+
+
+def _sortable(order_by: str | None, allowed: Mapping[str, Any]) -> None:
+    """Sorting only through allow-listed columns: anything else is a 400, never SQL."""
+    if order_by is not None and order_by not in allowed:
+        raise ApiError(400, f"cannot order by {order_by[:40]!r}; one of {', '.join(allowed)}")
 
 
 def _checked(value: str | None, what: str) -> str | None:
@@ -179,8 +191,7 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
         name = resolve(cluster)
         with engine.connect() as conn:
             rows, total = queries.consumers(conn, name, paging)
-            if not total and not queries.cluster_exists(conn, name):
-                raise ApiError(404, f"cluster {name!r} not found")
+            _require_cluster(conn, name, total)
         return paged(
             [
                 {
@@ -212,8 +223,7 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
         statuses = [s.strip() for s in (status or "").split(",") if s.strip()]
         if bad := [s for s in statuses if s not in NODE_STATUSES]:
             raise ApiError(400, f"unknown status {bad[0][:40]!r}; one of {', '.join(sorted(NODE_STATUSES))}")
-        if order_by is not None and order_by not in NODE_ORDER:
-            raise ApiError(400, f"cannot order by {order_by[:40]!r}; one of {', '.join(NODE_ORDER)}")
+        _sortable(order_by, NODE_ORDER)
         name_ = resolve(cluster)
         with engine.connect() as conn:
             rows, total = queries.nodes(
@@ -226,8 +236,7 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
                 order_by=order_by,
                 descending=desc,
             )
-            if not total and not queries.cluster_exists(conn, name_):
-                raise ApiError(404, f"cluster {name_!r} not found")
+            _require_cluster(conn, name_, total)
         return paged(
             [
                 {
@@ -308,8 +317,7 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
             raise ApiError(
                 400, f"unknown status {status[:40]!r}; one of {', '.join(sorted(WORKLOAD_STATUSES))}"
             )
-        if order_by is not None and order_by not in WORKLOAD_ORDER:
-            raise ApiError(400, f"cannot order by {order_by[:40]!r}; one of {', '.join(WORKLOAD_ORDER)}")
+        _sortable(order_by, WORKLOAD_ORDER)
         if order is not None and order.lower() not in ("asc", "desc"):
             raise ApiError(400, "order is asc or desc")
         # As the original: newest first unless asked otherwise.
@@ -327,8 +335,7 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
                 order_by=order_by,
                 descending=descending,
             )
-            if not total and not queries.cluster_exists(conn, cluster_name):
-                raise ApiError(404, f"cluster {cluster_name!r} not found")
+            _require_cluster(conn, cluster_name, total)
             allocation = queries.gpu_allocation(conn, cluster_name, [r["uid"] for r in rows])
         return paged([_workload_item(r, allocation[r["uid"]]) for r in rows], total)
 

@@ -25,6 +25,7 @@ from lens_pipeline.store.schema import (
     workload_pod_reference,
     workload_statistic,
 )
+from lens_pipeline.store.statistics import referenced
 
 Row = dict[str, Any]
 
@@ -282,13 +283,7 @@ def gpu_allocation(conn: Connection, cluster: str, uids: Sequence[str], now: dat
             pod_resource.c.created_at,
             pod_resource.c.end_at,
         )
-        .join(
-            pod_resource,
-            and_(
-                pod_resource.c.cluster_name == workload_pod_reference.c.cluster_name,
-                pod_resource.c.uid == workload_pod_reference.c.pod_uid,
-            ),
-        )
+        .select_from(referenced(pod_resource))
         .where(
             workload_pod_reference.c.cluster_name == cluster, workload_pod_reference.c.workload_uid.in_(uids)
         )
@@ -307,13 +302,7 @@ def gpu_allocation(conn: Connection, cluster: str, uids: Sequence[str], now: dat
 def workload_pods(conn: Connection, cluster: str, uid: str) -> list[Row]:
     query = (
         select(gpu_pods.c.node_name, gpu_pods.c.namespace, gpu_pods.c.name)
-        .join(
-            workload_pod_reference,
-            and_(
-                workload_pod_reference.c.cluster_name == gpu_pods.c.cluster_name,
-                workload_pod_reference.c.pod_uid == gpu_pods.c.uid,
-            ),
-        )
+        .select_from(referenced(gpu_pods))
         .where(gpu_pods.c.cluster_name == cluster, workload_pod_reference.c.workload_uid == uid)
         .order_by(gpu_pods.c.namespace, gpu_pods.c.name)
     )

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, Join, Table, and_, func, select
 
 from lens_pipeline.store.schema import (
     gpu_consumers,
@@ -51,6 +51,17 @@ def active_workloads(conn: Connection, cluster_name: str) -> list[Row]:
     return _rows(conn, query)
 
 
+def referenced(pods: Table) -> Join:
+    """`workload_pod_reference` joined to a table of pods (`gpu_pods`, `pod_resource`) by pod uid."""
+    return workload_pod_reference.join(
+        pods,
+        and_(
+            pods.c.cluster_name == workload_pod_reference.c.cluster_name,
+            pods.c.uid == workload_pod_reference.c.pod_uid,
+        ),
+    )
+
+
 def running_pods_by_workload(conn: Connection, cluster_name: str) -> dict[str, list[Row]]:
     """Each workload's running pods (namespace, name, GPUs), through `workload_pod_reference`."""
     query = (
@@ -60,13 +71,7 @@ def running_pods_by_workload(conn: Connection, cluster_name: str) -> dict[str, l
             gpu_pods.c.name,
             gpu_pods.c.gpu_allocated,
         )
-        .join(
-            gpu_pods,
-            and_(
-                gpu_pods.c.cluster_name == workload_pod_reference.c.cluster_name,
-                gpu_pods.c.uid == workload_pod_reference.c.pod_uid,
-            ),
-        )
+        .select_from(referenced(gpu_pods))
         .where(
             workload_pod_reference.c.cluster_name == cluster_name,
             gpu_pods.c.running.is_(True),

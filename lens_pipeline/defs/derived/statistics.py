@@ -73,11 +73,7 @@ def read_pod_series(
             profile.pod_utilization_queries(idle_below), ("sums", "counts", "idle"), strict=True
         ):
             for series in prom.matrix(query, start, end, step):
-                key = (
-                    series.labels.get(profile.namespace_label, ""),
-                    series.labels.get(profile.pod_label, ""),
-                )
-                into = getattr(pods.setdefault(key, PodSeries()), attribute)
+                into = getattr(pods.setdefault(profile.pod_key(series.labels), PodSeries()), attribute)
                 for t, value in series.points:
                     into[t] = into.get(t, 0.0) + value
     return pods
@@ -90,11 +86,7 @@ def read_pod_now(prom: PromReader, vendor: str) -> dict[PodKey, tuple[float, flo
         sum_query, count_query, _ = profile.pod_utilization_queries(0)
         for index, query in enumerate((sum_query, count_query)):
             for sample in prom.vector(query):
-                key = (
-                    sample.labels.get(profile.namespace_label, ""),
-                    sample.labels.get(profile.pod_label, ""),
-                )
-                now.setdefault(key, [0.0, 0.0])[index] += sample.value
+                now.setdefault(profile.pod_key(sample.labels), [0.0, 0.0])[index] += sample.value
     return {key: (s, c) for key, (s, c) in now.items()}
 
 
