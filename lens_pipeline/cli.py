@@ -99,6 +99,12 @@ def _ingest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-client-ca", help="require client certificates signed by this CA (PEM)")
     parser.add_argument("--max-event-bytes", type=int, default=DEFAULT_MAX_EVENT_BYTES)
     parser.add_argument("--linger-ms", type=float, default=2.0, help="how long a group commit waits to fill")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server processes sharing both ports (SO_REUSEPORT), restarted when they die",
+    )
 
 
 def _ingest(args: argparse.Namespace) -> int:
@@ -107,6 +113,9 @@ def _ingest(args: argparse.Namespace) -> int:
 
     if bool(args.tls_cert) != bool(args.tls_key):
         print("lens ingest: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    if args.workers < 1:
+        print("lens ingest: --workers must be at least 1", file=sys.stderr)
         return 2
     config = IngestConfig(
         database_url=args.database_url or settings.lens_database_url(),
@@ -122,6 +131,10 @@ def _ingest(args: argparse.Namespace) -> int:
         linger_seconds=args.linger_ms / 1000,
     )
     print(f"lens ingest: event log in {_safe_url(config.database_url)}", flush=True)
+    if args.workers > 1:
+        from lens_pipeline.ingest.workers import supervise
+
+        return supervise(config, args.workers)
     return serve_forever(config)
 
 

@@ -4,20 +4,33 @@ Labels: `source` ("k8s" | "docker") as the original, plus `cluster` (one sidecar
 clusters here) and `reason` on errors. `upstream_connected` is per peer address, and a peer's
 series is removed when its last stream closes. Each server owns its registry, so several servers
 in one process (tests) do not collide.
+
+The workers of `lens ingest --workers N` count in prometheus_client's multiprocess mode (each
+process writes its values to files in one directory; `PROMETHEUS_MULTIPROC_DIR` must be set before
+prometheus_client is imported) and any of them answers `/metrics` with every worker's sums under the
+same names: counters and the histogram add up (a dead worker's counts stay), `upstream_connected`
+sums the live workers' streams (`livesum`; the supervisor drops a dead worker's file).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 # 1 ms x 2^k, 15 buckets: the original's exponential buckets.
 PROCESSING_BUCKETS = tuple(0.001 * 2**k for k in range(15))
 
 
+CONNECTED = "primus_lens_jobs_upstream_connected"
+
+
 class IngestMetrics:
-    def __init__(self) -> None:
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        self.multiprocess_dir = multiprocess_dir
         self.registry = CollectorRegistry(auto_describe=True)
         self.received = Counter(
             "primus_lens_jobs_container_event_recv",
@@ -32,10 +45,11 @@ class IngestMetrics:
             registry=self.registry,
         )
         self.connected = Gauge(
-            "primus_lens_jobs_upstream_connected",
+            CONNECTED,
             "Open event streams from node agents.",
             ("addr", "source"),
             registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.processing = Histogram(
             "primus_lens_jobs_event_processing_duration_seconds",
@@ -62,7 +76,27 @@ class IngestMetrics:
                 self.connected.labels(addr, source).set(left)
             else:
                 self._streams.pop(key, None)
+                # Workers: the value stays in this process's file, so it must read 0 there.
+                self.connected.labels(addr, source).set(0)
                 self.connected.remove(addr, source)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_AllWorkers(self.multiprocess_dir))
+        return generate_latest(registry)
+
+
+class _AllWorkers:
+    """Every worker's metrics, summed; a peer no worker has a stream from is left out of
+    `upstream_connected`, as one process removes its series."""
+
+    def __init__(self, path: str) -> None:
+        self._collector = MultiProcessCollector(None, path=path)
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._collector.collect():
+            if family.name == CONNECTED:
+                family.samples = [sample for sample in family.samples if sample.value]
+            yield family

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -76,10 +77,22 @@ class _Stream:
             self.replies.put_nowait(None)
 
 
+@dataclass(frozen=True)
+class WorkerSlot:
+    """What one of the `lens ingest --workers N` processes shares with its siblings
+    (`lens_pipeline.ingest.workers`): the gRPC port (each binds it with SO_REUSEPORT), the HTTP
+    listening socket (inherited from the supervisor) and the metrics directory."""
+
+    index: int
+    http_socket: socket.socket
+    metrics_dir: str
+
+
 class IngestServer:
-    def __init__(self, config: IngestConfig) -> None:
+    def __init__(self, config: IngestConfig, worker: WorkerSlot | None = None) -> None:
         self.config = config
-        self.metrics = IngestMetrics()
+        self.worker = worker
+        self.metrics = IngestMetrics(multiprocess_dir=worker.metrics_dir if worker else None)
         self.healthy = False
         self.grpc_port = 0
         self.http_port = 0
@@ -124,7 +137,9 @@ class IngestServer:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 0),  # a port in use is an error, not a silent share
+                # Alone, a port in use is an error, not a silent share; workers share on purpose
+                # (the supervisor checked that the port was free and holds it).
+                ("grpc.so_reuseport", 1 if self.worker else 0),
             ]
         )
         handlers = {
@@ -157,10 +172,13 @@ class IngestServer:
         import uvicorn
 
         app = IngestHttpApp(self)
-        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.config.host, self.config.http_port))
-        sock.set_inheritable(True)
+        if self.worker is not None:
+            sock = self.worker.http_socket  # listening already: the workers accept from one queue
+        else:
+            sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.config.host, self.config.http_port))
+            sock.set_inheritable(True)
         self.http_port = sock.getsockname()[1]
         uv_config = uvicorn.Config(
             app,
@@ -321,24 +339,29 @@ class IngestServer:
         stream.refused(seq, exc)
 
 
-def serve_forever(config: IngestConfig) -> int:
-    """Run until SIGTERM or SIGINT, then stop gracefully (what `lens ingest` does)."""
+def serve_forever(config: IngestConfig, worker: WorkerSlot | None = None) -> int:
+    """Run until SIGTERM or SIGINT, then stop gracefully (what `lens ingest` does, and each of
+    its workers)."""
 
     async def main() -> None:
-        server = IngestServer(config)
+        server = IngestServer(config, worker)
         await server.start()
-        print(
-            f"lens ingest: gRPC on {config.host}:{server.grpc_port}"
-            f"{' (TLS)' if config.tls else ''}, HTTP on {config.host}:{server.http_port}; "
-            f"{'per-cluster tokens' if config.tokens.required else f'default cluster {config.default_cluster!r}'}",
-            flush=True,
-        )
+        if worker is None:
+            print(
+                f"lens ingest: gRPC on {config.host}:{server.grpc_port}"
+                f"{' (TLS)' if config.tls else ''}, HTTP on {config.host}:{server.http_port}; "
+                f"{'per-cluster tokens' if config.tokens.required else f'default cluster {config.default_cluster!r}'}",
+                flush=True,
+            )
+        else:
+            print(f"lens ingest: worker {worker.index} (pid {os.getpid()}) serving", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        print("lens ingest: stopping (finishing open streams, committing queued events)", flush=True)
+        who = "lens ingest" if worker is None else f"lens ingest: worker {worker.index}"
+        print(f"{who}: stopping (finishing open streams, committing queued events)", flush=True)
         await server.stop()
 
     asyncio.run(main())

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lens_pipeline.ingest.config import IngestConfig
 from lens_pipeline.ingest.server import IngestServer, RunningServer
@@ -41,6 +46,35 @@ def logged(database_url: str) -> list[LoggedEvent]:
     """Every event in the log, in log order."""
     with get_engine(database_url).connect() as conn:
         return logged_events(conn)
+
+
+def start_lens_ingest(
+    lens_url: str, grpc_port: int, http_port: int, log_path: Path, *, workers: int = 1
+) -> subprocess.Popen:
+    """`lens ingest` as a real process (output appended to `log_path`), once it serves: gRPC health
+    says SERVING and, with workers, every worker has said it serves."""
+    lens = Path(sys.executable).with_name("lens")
+    command = [str(lens)] if lens.exists() else [sys.executable, "-m", "lens_pipeline.cli"]
+    command += ["ingest", "--database-url", lens_url, "--host", "127.0.0.1", "--workers", str(workers)]
+    command += ["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--default-cluster", "east"]
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    process = subprocess.Popen(command, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            try:
+                answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                output = log_path.read_bytes()[offset:]
+                if answer.status == health_pb2.HealthCheckResponse.SERVING and (
+                    workers == 1 or output.count(b" serving") >= workers
+                ):
+                    return process
+            except grpc.RpcError:
+                pass
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, f"lens ingest did not become healthy: {log_path.read_text()}"
+            time.sleep(0.1)
 
 
 def free_port() -> int:

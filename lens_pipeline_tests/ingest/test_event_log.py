@@ -110,3 +110,45 @@ def test_migration_0004_moves_the_old_log_keeping_ids_and_watermarks(lens_url):
     assert _append(lens_url, _rows([3])) == 1
     with engine.connect() as conn:
         assert event_log.last_id(conn, "east") > 9  # new segments come after the moved ids
+
+
+def _writer_process(url: str, rounds: list[list[int]], start_at: float) -> int:
+    """One `lens ingest` worker's log writer, offering `rounds` as they come (another process)."""
+    import threading
+    import time
+
+    from lens_pipeline.ingest.log_writer import LogWriter, Producer
+
+    writer = LogWriter(get_engine(url), linger_seconds=0)
+    writer.start()
+    committed = threading.Semaphore(0)
+    producer = Producer(on_commit=lambda seq, received: committed.release())
+    batches = [_rows(indexes) for indexes in rounds]
+    time.sleep(max(0.0, start_at - time.time()))
+    for seq, rows in enumerate(batches, 1):
+        writer.offer(producer, rows, seq, time.monotonic())
+        committed.acquire(timeout=30)
+    writer.stop()
+    return writer.committed_rows
+
+
+def test_two_writer_processes_offered_the_same_events_log_each_once(lens_url):
+    """Workers of `lens ingest --workers N` each have a log writer; an agent's replay can reach
+    both. Their commits serialize through the database (log_transaction), so the replay key is
+    checked and written as one step and each event is logged once."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    upgrade(get_engine(lens_url), "lens")
+    rounds = [list(range(start, start + 50)) for start in range(0, 1000, 50)]
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=spawn) as pool:
+        start_at = time.time() + 3  # both write at once, once both have started
+        futures = [pool.submit(_writer_process, lens_url, rounds, start_at) for _ in range(2)]
+        committed = [future.result(60) for future in futures]
+    with get_engine(lens_url).connect() as conn:
+        logged = [e.container_id for e in logged_events(conn)]
+        keys = conn.scalar(select(func.count()).select_from(container_event_key))
+    assert sorted(logged) == [container_id(i) for i in range(1000)]  # each once
+    assert keys == 1000 and committed == [1000, 1000]  # both offered all of them

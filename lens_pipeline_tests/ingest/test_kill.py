@@ -5,42 +5,22 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
-import time
 from collections import Counter
-from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lens_pipeline.sim import node_agent as agent
-from lens_pipeline_tests.ingest.support import container_id, free_port, gpu_container, logged
+from lens_pipeline_tests.ingest.support import (
+    container_id,
+    free_port,
+    gpu_container,
+    logged,
+    start_lens_ingest,
+)
 
 EVENTS = 3000
 KILL_AT = 1500
-
-
-def _start(lens_url: str, grpc_port: int, http_port: int, log_path: Path) -> subprocess.Popen:
-    lens = Path(sys.executable).with_name("lens")
-    command = [str(lens)] if lens.exists() else [sys.executable, "-m", "lens_pipeline.cli"]
-    command += ["ingest", "--database-url", lens_url, "--host", "127.0.0.1"]
-    command += ["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--default-cluster", "east"]
-    process = subprocess.Popen(command, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while True:
-            try:
-                answer = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if answer.status == health_pb2.HealthCheckResponse.SERVING:
-                    return process
-            except grpc.RpcError:
-                pass
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, f"lens ingest did not become healthy: {log_path.read_text()}"
-            time.sleep(0.2)
 
 
 def _logged(lens_url: str) -> list[tuple[str, int]]:
@@ -54,7 +34,7 @@ def test_kill_9_mid_stream_loses_no_acknowledged_event(lens_url, tmp_path):
     ]
     grpc_port, http_port = free_port(), free_port()
     server_log = tmp_path / "ingest.log"
-    server = _start(lens_url, grpc_port, http_port, server_log)
+    server = start_lens_ingest(lens_url, grpc_port, http_port, server_log)
     acked = 0
     some_acked = threading.Event()
 
@@ -84,7 +64,7 @@ def test_kill_9_mid_stream_loses_no_acknowledged_event(lens_url, tmp_path):
         assert set(logged.values()) == {1}
 
         # The agent reconnects and resends its unacknowledged tail (and, being careful, a few before).
-        server = _start(lens_url, grpc_port, http_port, server_log)
+        server = start_lens_ingest(lens_url, grpc_port, http_port, server_log)
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
             resend = events[max(0, acked - 100) :]
             result = agent.stream_events(ch, resend)
