@@ -17,6 +17,7 @@ import orjson
 
 from lens_pipeline.ingest.config import Unauthenticated
 from lens_pipeline.ingest.events import Origin, Refused, from_json
+from lens_pipeline.ingest.metrics import observe_many
 
 if TYPE_CHECKING:
     from lens_pipeline.ingest.server import IngestServer
@@ -84,10 +85,10 @@ class IngestHttpApp:
         done = loop.create_future()
         histograms = server.metrics.processing
 
-        def committed(seq: int, received: list[float]) -> None:
+        def committed(seq: int, received: list[tuple[float, int]]) -> None:
             now = time.monotonic()
-            for t in received:
-                histograms.labels(origin.source).observe(now - t)
+            for t, count in received:
+                observe_many(histograms.labels(origin.source), now - t, count)
             if seq >= last_offered and not done.done():
                 done.set_result(seq)
 

@@ -27,14 +27,15 @@ log = logging.getLogger(__name__)
 class Producer:
     """One stream's (or one HTTP request's) queue into the log.
 
-    `on_commit(last_seq, received_times)` is called from the writer thread once everything the
-    producer had offered up to `last_seq` is committed; `received_times` are the monotonic receive
-    times of the rows in that round (for the processing-duration histogram).
+    `on_commit(last_seq, received)` is called from the writer thread once everything the
+    producer had offered up to `last_seq` is committed; `received` holds, per offer of that round
+    with rows, its monotonic receive time and how many rows it had (for the processing-duration
+    histogram: the rows of one message share their receive time).
     """
 
-    on_commit: Callable[[int, list[float]], None]
+    on_commit: Callable[[int, list[tuple[float, int]]], None]
     rows: list[dict] = field(default_factory=list)
-    received: list[float] = field(default_factory=list)
+    received: list[tuple[float, int]] = field(default_factory=list)
     last_seq: int = 0
     queued: bool = False
 
@@ -73,7 +74,7 @@ class LogWriter:
         with self._lock:
             if rows:
                 producer.rows += rows
-                producer.received += [received] * len(rows)
+                producer.received.append((received, len(rows)))
                 self._pending_rows += len(rows)
             producer.last_seq = seq
             if not producer.queued:

@@ -15,6 +15,7 @@ sums the live workers' streams (`livesum`; the supervisor drops a dead worker's 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -86,6 +87,20 @@ class IngestMetrics:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_AllWorkers(self.multiprocess_dir))
         return generate_latest(registry)
+
+
+def observe_many(histogram: Histogram, seconds: float, count: int) -> None:
+    """`count` observations of `seconds` (the events of one message) at the cost of one.
+
+    prometheus_client has no bulk observe; one `observe` per event cost 4 µs in multiprocess mode
+    (each bucket and the sum are written to the worker's file under a lock), 6 % of a worker's CPU
+    per event. This writes what `count` calls of `observe` would: the sum, and the first bucket
+    whose bound is not below the value (cumulative counts are summed at exposition)."""
+    if count == 1:
+        histogram.observe(seconds)
+        return
+    histogram._sum.inc(seconds * count)  # type: ignore[attr-defined]
+    histogram._buckets[bisect_left(histogram._upper_bounds, seconds)].inc(count)  # type: ignore[attr-defined]
 
 
 class _AllWorkers:

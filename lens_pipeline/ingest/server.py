@@ -34,7 +34,7 @@ from lens_pipeline.ingest.config import IngestConfig, Unauthenticated
 from lens_pipeline.ingest.events import ContainerEvent, Origin, Refused, from_grpc, split_batch
 from lens_pipeline.ingest.http import IngestHttpApp
 from lens_pipeline.ingest.log_writer import LogWriter, Producer
-from lens_pipeline.ingest.metrics import IngestMetrics
+from lens_pipeline.ingest.metrics import IngestMetrics, observe_many
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.migrate import ensure_schema
 
@@ -54,10 +54,10 @@ class _Stream:
         self.final_seq: int | None = None
         self._histogram = metrics.processing.labels(source)
 
-    def committed(self, seq: int, received: list[float]) -> None:
+    def committed(self, seq: int, received: list[tuple[float, int]]) -> None:
         now = time.monotonic()
-        for t in received:
-            self._histogram.observe(now - t)
+        for t, events in received:
+            observe_many(self._histogram, now - t, events)
         if seq > self.acked:
             self.acked = seq
             self.replies.put_nowait(ContainerEvent(type="ack", sequence=seq).SerializeToString())
@@ -213,12 +213,12 @@ class IngestServer:
 
     # Shared by both transports ----------------------------------------------------------------
 
-    def producer(self, on_commit: Callable[[int, list[float]], None]) -> Producer:
+    def producer(self, on_commit: Callable[[int, list[tuple[float, int]]], None]) -> Producer:
         """A queue into the log whose commit notice runs `on_commit` on the event loop."""
         loop = self._loop
         assert loop is not None
 
-        def notify(seq: int, received: list[float]) -> None:
+        def notify(seq: int, received: list[tuple[float, int]]) -> None:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(on_commit, seq, received)
 
