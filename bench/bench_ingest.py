@@ -11,6 +11,7 @@ the acknowledged count) and the CPU each process used.
     .venv/bin/python bench/bench_ingest.py --database-url postgresql+psycopg2://postgres@127.0.0.1:5432/postgres
     .venv/bin/python bench/bench_ingest.py --mode stream     # one gRPC message per event (original agents)
     .venv/bin/python bench/bench_ingest.py                   # SQLite
+    .venv/bin/python bench/bench_ingest.py --workers 2       # `lens ingest --workers 2`
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main() -> int:
     parser.add_argument(
         "--event-ids", action="store_true", help="events carry an event_id (agents of the batch method)"
     )
+    parser.add_argument("--workers", type=int, default=1, help="`lens ingest --workers N`")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds not counted at the start")
     parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
@@ -70,16 +72,19 @@ def _run(args: argparse.Namespace) -> int:
     database_url, cleanup = _fresh_database(args.database_url)
     grpc_port, http_port = _free_port(), _free_port()
     lens = Path(sys.executable).with_name("lens")
+    load_before = os.getloadavg()[0]
+    server_output = tempfile.TemporaryFile()  # noqa: SIM115 - closed after the server stops
     server = subprocess.Popen(
         [
             *(str(lens), "ingest", "--database-url", database_url, "--host", "127.0.0.1"),
             *("--grpc-port", str(grpc_port), "--http-port", str(http_port), "--default-cluster", "bench"),
+            *("--workers", str(args.workers)),
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=server_output,
+        stderr=subprocess.STDOUT,
     )
     try:
-        _wait_healthy(grpc_port)
+        _wait_healthy(grpc_port, server_output, args.workers)
         server_cpu0 = _cpu_seconds(server.pid)
         command = [
             sys.executable,
@@ -103,8 +108,10 @@ def _run(args: argparse.Namespace) -> int:
         logged = _count_log(database_url)
     finally:
         server.terminate()
-        server.wait(30)
+        server.wait(60)
+        server_output.close()
         cleanup()
+    load_after = os.getloadavg()[0]
     measured = sum(r["measured_events"] for r in reports)
     window = max(r["measured_seconds"] for r in reports)
     latencies = sorted(x for r in reports for x in r["latencies"])
@@ -133,6 +140,9 @@ def _run(args: argparse.Namespace) -> int:
     client_cpu = sum(r["cpu_seconds"] for r in reports)
     total = args.seconds + args.warmup
     print(f"CPU: server {server_cpu:.1f} s, clients {client_cpu:.1f} s over {total:.0f} s wall")
+    per_event = server_cpu / acked * 1e6 if acked else float("nan")
+    print(f"server CPU per acknowledged event: {per_event:.1f} µs ({args.workers} worker(s))")
+    print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
     return 0 if logged >= acked else 1
 
 
@@ -257,26 +267,30 @@ def _count_log(url: str) -> int:
     return count
 
 
-def _wait_healthy(port: int) -> None:
+def _wait_healthy(port: int, output, workers: int) -> None:
+    """Until gRPC health says SERVING and, with workers, each of them said it serves."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     deadline = time.monotonic() + 60
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         while time.monotonic() < deadline:
             try:
-                if (
-                    health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                    == 1
-                ):
+                status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                output.seek(0)
+                if status == 1 and (workers == 1 or output.read().count(b" serving") >= workers):
                     return
             except grpc.RpcError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
     raise RuntimeError("lens ingest did not become healthy")
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU of the server and its workers."""
+    import psutil
+
+    parent = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in (parent, *parent.children(recursive=True)))
 
 
 def _free_port() -> int:
