@@ -85,13 +85,12 @@ def main() -> int:
 
 
 def run(cluster: dict, url: str, asset_names: list[str]) -> int:
-    from dagster import instance_for_test, materialize
+    from dagster import AssetKey, instance_for_test, materialize
 
     from lens_pipeline.defs import resources
-    from lens_pipeline.defs.collectors.schedules import COLLECTORS
+    from lens_pipeline.defs.cluster_assets import cluster_assets
     from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase
 
-    assets = [a for a in COLLECTORS if a.key.to_user_string() in asset_names]
     with instance_for_test() as instance:
         instance.add_dynamic_partitions("cluster", [cluster["name"]])
         print(f"{', '.join(asset_names)}; database {url.split(':')[0]}")
@@ -100,7 +99,8 @@ def run(cluster: dict, url: str, asset_names: list[str]) -> int:
             started = time.perf_counter()
             cpu_before = _cpu_seconds()
             result = materialize(
-                assets,
+                [cluster_assets],
+                selection=[AssetKey(name) for name in asset_names],
                 partition_key=cluster["name"],
                 instance=instance,
                 resources={
@@ -114,7 +114,9 @@ def run(cluster: dict, url: str, asset_names: list[str]) -> int:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             rows = {}
             for name in asset_names:
-                (event,) = result.asset_materializations_for_node(name)
+                (event,) = (
+                    e for e in result.asset_materializations_for_node("cluster_assets") if e.asset_key.path == [name]
+                )
                 meta = {k: v.value for k, v in event.metadata.items()}
                 rows[name] = f"{meta['dagster/row_count']} rows ({meta['duration_seconds']:.2f} s)"
             counts = requests_seen(cluster["base"])

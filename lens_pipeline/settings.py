@@ -33,3 +33,17 @@ def safe_database_url() -> str:
 
 def clusters_file() -> str | None:
     return os.environ.get(LENS_CLUSTERS_FILE) or None
+
+
+LENS_CLUSTERS_PER_RUN = "LENS_CLUSTERS_PER_RUN"
+DEFAULT_CLUSTERS_PER_RUN = 10
+
+
+def clusters_per_run() -> int:
+    """How many clusters one collection run (scheduled, or of a backfill) covers at most: each run
+    pays seconds of process start and code load, so healthy clusters share runs."""
+    value = os.environ.get(LENS_CLUSTERS_PER_RUN, "")
+    try:
+        return max(1, int(value)) if value else DEFAULT_CLUSTERS_PER_RUN
+    except ValueError:
+        raise ValueError(f"{LENS_CLUSTERS_PER_RUN} must be a whole number, not {value!r}") from None

@@ -75,8 +75,8 @@ def test_lens_api_serves_the_database_of_the_environment(tmp_path):
 
 
 def test_dagster_asset_materialize_one_cluster_from_the_shell(tmp_path):
-    """`dagster asset materialize` of the collectors and views of one cluster partition, from the shell,
-    on an instance that knows the partition: the run succeeds and the overview row is written."""
+    """`dagster asset materialize` from the shell, on an instance that knows the partitions: the
+    collectors and views of one cluster partition, then of a range of clusters in one run."""
     from dagster import DagsterInstance
     from sqlalchemy import select
 
@@ -89,12 +89,13 @@ def test_dagster_asset_materialize_one_cluster_from_the_shell(tmp_path):
     home = tmp_path / "dagster_home"
     home.mkdir()
     lens_url = f"sqlite:///{tmp_path / 'lens.db'}"
-    fleet = SimFleet.generate(clusters=1, nodes=4, seed=2, vendor="nvidia")
-    cluster = fleet.clusters[0].name
+    fleet = SimFleet.generate(clusters=3, nodes=4, seed=2, vendor="nvidia")
+    names = [c.name for c in fleet]
+    cluster = names[0]
     with SimServer(fleet) as server:
         registry = write_registry(tmp_path / "clusters.yaml", server)
         with DagsterInstance.from_config(str(home)) as instance:
-            instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [cluster])
+            instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
         env = {
             **os.environ,
             "DAGSTER_HOME": str(home),
@@ -105,9 +106,26 @@ def test_dagster_asset_materialize_one_cluster_from_the_shell(tmp_path):
         dagster = Path(sys.executable).with_name("dagster")
         command = [str(dagster), "asset", "materialize", "-m", "lens_pipeline.definitions"]
         command += ["--select", "gpu_nodes,gpu_devices,storage_backends,cluster_overview_cache"]
-        command += ["--partition", cluster]
-        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [*command, "--partition", cluster], env=env, capture_output=True, text=True, timeout=300
+        )
         assert result.returncode == 0, result.stderr[-3000:]
+        with get_engine(lens_url).connect() as conn:
+            rows = conn.execute(select(cluster_overview_cache.c.cluster_name)).all()
+        assert [r[0] for r in rows] == [cluster]
+
+        # The others in one run: a single-run backfill over a range of cluster partitions.
+        result = subprocess.run(
+            [*command, "--partition-range", f"{names[1]}...{names[2]}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        with DagsterInstance.from_config(str(home)) as instance:
+            runs = instance.get_runs()
+        assert len(runs) == 2 and runs[0].tags["dagster/asset_partition_range_end"] == names[2]
     with get_engine(lens_url).connect() as conn:
         rows = conn.execute(select(cluster_overview_cache.c.cluster_name)).all()
-    assert [r[0] for r in rows] == [cluster]
+    assert sorted(r[0] for r in rows) == sorted(names)

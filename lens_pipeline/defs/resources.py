@@ -70,7 +70,7 @@ class KubernetesResource(ConfigurableResource):
     max_retries: int = 3
     backoff_seconds: float = 0.5
     max_list_restarts: int = 3  # a continue token that expired (410) restarts the LIST this often
-    # One snapshot per cluster per run: the collectors of a run share every LIST.
+    # One snapshot per cluster in a run: the collectors of a cluster share every LIST.
     _snapshots: dict = PrivateAttr(default_factory=dict)
 
     def reader(self, cluster: ClusterConfig) -> KubeReader:
@@ -87,10 +87,15 @@ class KubernetesResource(ConfigurableResource):
             self._snapshots[cluster.name] = ClusterSnapshot(cluster, self.reader(cluster))
         return self._snapshots[cluster.name]
 
-    def teardown_after_execution(self, context: InitResourceContext) -> None:
-        for snapshot in self._snapshots.values():
+    def release(self, cluster: ClusterConfig) -> None:
+        """Forget the cluster's snapshot (its objects and connections) once its assets are done."""
+        snapshot = self._snapshots.pop(cluster.name, None)
+        if snapshot is not None:
             snapshot.reader.close()
-        self._snapshots.clear()
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        for snapshot in list(self._snapshots.values()):
+            self.release(snapshot.cluster)
 
 
 class PrometheusResource(ConfigurableResource):

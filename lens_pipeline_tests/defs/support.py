@@ -11,3 +11,25 @@ def failure_message(result: object) -> str:
         parts.append(error.message)
         error = error.cause
     return "\n".join(parts)
+
+
+def materialize_cluster(assets: list[str] | None = None, **kwargs):
+    """`materialize` of the cluster assets (all of them, or the named ones) for the given partition."""
+    from dagster import AssetKey, materialize
+
+    from lens_pipeline.defs import resources
+    from lens_pipeline.defs.cluster_assets import cluster_assets
+
+    selection = [AssetKey(a) if isinstance(a, str) else a for a in assets] if assets is not None else None
+    # Resources a test leaves out get their defaults (unused by the selected assets, never opened).
+    kwargs["resources"] = {**resources.defs.resources, **kwargs.get("resources", {})}
+    return materialize([cluster_assets], selection=selection, **kwargs)
+
+
+def materializations(result, asset: str) -> list:
+    """The materializations of one asset in a run of the cluster assets."""
+    return [e for e in result.asset_materializations_for_node("cluster_assets") if e.asset_key.path == [asset]]
+
+
+def statistics_config(config: dict) -> dict:
+    return {"ops": {"cluster_assets": {"config": {"statistics": config}}}}

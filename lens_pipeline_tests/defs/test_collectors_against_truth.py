@@ -11,11 +11,11 @@ import json
 import urllib.request
 
 import pytest
-from dagster import instance_for_test, materialize
+from dagster import instance_for_test
 from sqlalchemy import select
 
 from lens_pipeline.defs import resources
-from lens_pipeline.defs.collectors.schedules import COLLECTORS
+from lens_pipeline.defs.cluster_assets import COLLECTOR_KEYS
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
 from lens_pipeline.kube.reader import KubeReader
@@ -31,6 +31,7 @@ from lens_pipeline.store.schema import (
     storage,
     workload_pod_reference,
 )
+from lens_pipeline_tests.defs.support import materializations, materialize_cluster
 
 POD_COLUMNS = (
     "namespace",
@@ -69,8 +70,8 @@ def fleet_and_registry(tmp_path):
 
 
 def collect(cluster: str, registry, url: str, instance):
-    result = materialize(
-        list(COLLECTORS),
+    result = materialize_cluster(
+        COLLECTOR_KEYS,
         partition_key=cluster,
         instance=instance,
         resources={
@@ -84,7 +85,7 @@ def collect(cluster: str, registry, url: str, instance):
     return {
         node: {k: v.value for k, v in event.metadata.items()}
         for node in ("gpu_nodes", "gpu_pods", "gpu_workloads", "gpu_devices", "storage_backends")
-        for event in result.asset_materializations_for_node(node)
+        for event in materializations(result, node)
     }
 
 

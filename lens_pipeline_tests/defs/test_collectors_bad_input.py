@@ -4,16 +4,16 @@ problems; a cluster that errors or whose LIST breaks half-way fails its run and 
 from __future__ import annotations
 
 import pytest
-from dagster import instance_for_test, materialize
+from dagster import instance_for_test
 
 from lens_pipeline.defs import resources
-from lens_pipeline.defs.collectors.schedules import COLLECTORS
+from lens_pipeline.defs.cluster_assets import COLLECTOR_KEYS
 from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.schema import gpu_device, gpu_pods, gpu_workload, node, pod_resource, storage
-from lens_pipeline_tests.defs.support import failure_message
+from lens_pipeline_tests.defs.support import failure_message, materializations, materialize_cluster
 from lens_pipeline_tests.defs.test_collectors_against_truth import POD_COLUMNS, WORKLOAD_COLUMNS, table, truth
 
 TABLES = (node, gpu_pods, pod_resource, gpu_workload, gpu_device, storage)
@@ -29,8 +29,8 @@ def sim(tmp_path):
 
 
 def run(cluster, registry, instance, url, **kube):
-    return materialize(
-        list(COLLECTORS),
+    return materialize_cluster(
+        COLLECTOR_KEYS,
         partition_key=cluster.name,
         instance=instance,
         raise_on_error=False,
@@ -48,7 +48,7 @@ def snapshot_tables(url, cluster):
 
 
 def metadata(result, asset):
-    (event,) = result.asset_materializations_for_node(asset)
+    (event,) = materializations(result, asset)
     return {k: v.value for k, v in event.metadata.items()}
 
 

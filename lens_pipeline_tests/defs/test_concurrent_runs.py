@@ -17,16 +17,16 @@ from lens_pipeline_tests.defs.test_gpu_nodes import assert_table_equals_truth
 RUN_ONE = textwrap.dedent(
     """
     import sys
-    from dagster import instance_for_test, materialize
+    from dagster import instance_for_test
     from lens_pipeline.defs import resources
-    from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
+    from lens_pipeline_tests.defs.support import materialize_cluster
     from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase
 
     cluster, registry, url = sys.argv[1:4]
     with instance_for_test() as instance:
         instance.add_dynamic_partitions("cluster", [cluster])
         for _ in range(3):
-            materialize([gpu_nodes], partition_key=cluster, instance=instance, resources={
+            materialize_cluster(["gpu_nodes"], partition_key=cluster, instance=instance, resources={
                 **resources.defs.resources,
                 "registry": ClusterRegistryResource(clusters_file=registry),
                 "lens_db": LensDatabase(url=url),

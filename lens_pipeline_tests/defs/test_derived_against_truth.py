@@ -7,13 +7,11 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
-from dagster import instance_for_test, materialize
+from dagster import instance_for_test
 from sqlalchemy import select
 
 from lens_pipeline.collect.overview import OVERVIEW_FIGURES
 from lens_pipeline.defs import resources
-from lens_pipeline.defs.collectors.schedules import COLLECTORS
-from lens_pipeline.defs.derived.assets import VIEWS
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, SafeDatabase
 from lens_pipeline.sim.fleet import SimCluster, SimFleet
@@ -28,6 +26,7 @@ from lens_pipeline.store.schema import (
     safe_workload_statistic,
     workload_statistic,
 )
+from lens_pipeline_tests.defs.support import materialize_cluster, statistics_config
 from lens_pipeline_tests.defs.test_collectors_against_truth import table, truth
 
 IDLE_BELOW = 5.0
@@ -35,11 +34,10 @@ STATISTICS = {"step_seconds": 1, "idle_threshold_percent": IDLE_BELOW, "first_wi
 
 
 def run_cluster(cluster: str, registry, lens_url: str, safe_url: str, instance) -> None:
-    result = materialize(
-        [*COLLECTORS, *VIEWS],
+    result = materialize_cluster(
         partition_key=cluster,
         instance=instance,
-        run_config={"ops": {"workload_gpu_statistics": {"config": STATISTICS}}},
+        run_config=statistics_config(STATISTICS),
         resources={
             **resources.defs.resources,
             "registry": ClusterRegistryResource(clusters_file=str(registry)),

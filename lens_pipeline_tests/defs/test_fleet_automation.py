@@ -6,12 +6,20 @@ from datetime import UTC, datetime
 
 import pytest
 import yaml
-from dagster import SensorResult, SkipReason, build_schedule_context, build_sensor_context, instance_for_test
+from dagster import (
+    AssetMaterialization,
+    SensorResult,
+    SkipReason,
+    build_schedule_context,
+    build_sensor_context,
+    instance_for_test,
+)
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from lens_pipeline.defs.collectors.schedules import collect_every_minute
+from lens_pipeline.defs.collectors.schedules import collect_every_minute, collection_requests
 from lens_pipeline.defs.fleet.sensors import cluster_registry_sensor
-from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, CLUSTER_TAG
+from lens_pipeline.defs.partitions import BATCH_TAG, CLUSTER_PARTITIONS_NAME, CLUSTER_TAG
 from lens_pipeline.defs.resources import ClusterRegistryResource
 
 
@@ -107,13 +115,56 @@ def test_a_broken_entry_keeps_its_partition(instance, tmp_path):
     assert _partitions(instance) == ["east", "west"]
 
 
-def test_schedule_requests_one_run_per_cluster_per_tick(instance):
-    instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, ["b", "a"])
+def test_schedule_runs_new_clusters_alone_then_in_batches(instance, monkeypatch):
+    monkeypatch.setenv("LENS_CLUSTERS_PER_RUN", "2")
+    instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, ["b", "a", "c"])
     tick = datetime(2026, 11, 22, 10, 5, tzinfo=UTC)
     requests = collect_every_minute(build_schedule_context(instance=instance, scheduled_execution_time=tick))
-    assert [r.partition_key for r in requests] == ["a", "b"]
-    assert [r.tags[CLUSTER_TAG] for r in requests] == ["a", "b"]
-    assert len({r.run_key for r in requests}) == 2 and all(tick.isoformat() in r.run_key for r in requests)
+    # Never collected yet: each alone, in partition order.
+    assert [r.partition_key for r in requests] == ["b", "a", "c"]
+    assert [r.tags[CLUSTER_TAG] for r in requests] == ["b", "a", "c"]
+    assert len({r.run_key for r in requests}) == 3 and all(tick.isoformat() in r.run_key for r in requests)
+
+    for name in ("b", "a", "c"):
+        instance.report_runless_asset_event(AssetMaterialization("gpu_nodes", partition=name))
+    requests = collect_every_minute(build_schedule_context(instance=instance, scheduled_execution_time=tick))
+    assert [
+        (
+            r.partition_key,
+            r.tags.get(ASSET_PARTITION_RANGE_START_TAG),
+            r.tags.get(ASSET_PARTITION_RANGE_END_TAG),
+        )
+        for r in requests
+    ] == [(None, "b", "a"), ("c", None, None)]
+    assert requests[0].tags[BATCH_TAG] == "b..a"
+
+
+def test_schedule_leaves_out_clusters_a_run_holds(instance):
+    instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, ["a", "b", "c", "d"])
+    for name in ("a", "b", "c", "d"):
+        instance.report_runless_asset_event(AssetMaterialization("gpu_nodes", partition=name))
+    instance.add_run(
+        DagsterRun(
+            job_name="collect_cluster",
+            run_id="r-bc",
+            status=DagsterRunStatus.STARTING,
+            tags={ASSET_PARTITION_RANGE_START_TAG: "b", ASSET_PARTITION_RANGE_END_TAG: "c"},
+        )
+    )
+    tick = datetime(2026, 11, 22, 10, 6, tzinfo=UTC)
+    requests = collect_every_minute(build_schedule_context(instance=instance, scheduled_execution_time=tick))
+    assert [r.partition_key for r in requests] == ["a", "d"]
+
+
+def test_requests_split_batches_around_busy_and_lone_clusters():
+    names = [f"c{i}" for i in range(7)]
+    requests = collection_requests(names, busy={"c2"}, alone={"c4"}, batch_size=2, tick="t")
+    spans = [
+        r.partition_key
+        or f"{r.tags[ASSET_PARTITION_RANGE_START_TAG]}..{r.tags[ASSET_PARTITION_RANGE_END_TAG]}"
+        for r in requests
+    ]
+    assert spans == ["c0..c1", "c3", "c4", "c5..c6"]
 
 
 def test_schedule_skips_without_clusters(instance):

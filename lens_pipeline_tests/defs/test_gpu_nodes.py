@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import AssetKey, instance_for_test, materialize
+from dagster import AssetKey, instance_for_test
 from sqlalchemy import select
 
-from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
+from lens_pipeline.defs.cluster_assets import cluster_assets
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import (
     ClusterRegistryResource,
@@ -28,7 +28,7 @@ from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.schema import node
-from lens_pipeline_tests.defs.support import failure_message
+from lens_pipeline_tests.defs.support import failure_message, materializations, materialize_cluster
 
 AMD, NVIDIA = "sim-amd-0", "sim-nvidia-1"
 TRUTH_COLUMNS = (
@@ -70,8 +70,8 @@ def instance():
 
 
 def run(cluster: str, registry: Path, lens_url: str, instance, raise_on_error: bool = True):
-    return materialize(
-        [gpu_nodes],
+    return materialize_cluster(
+        ["gpu_nodes"],
         partition_key=cluster,
         instance=instance,
         raise_on_error=raise_on_error,
@@ -110,7 +110,7 @@ def assert_table_equals_truth(lens_url: str, server: SimServer, cluster: str) ->
 
 
 def materialization_metadata(result) -> dict:
-    (event,) = result.asset_materializations_for_node("gpu_nodes")
+    (event,) = materializations(result, "gpu_nodes")
     return {k: v.value for k, v in event.metadata.items()}
 
 
@@ -241,10 +241,10 @@ def test_an_unreachable_cluster_fails_alone_with_a_clear_error(sim, instance, sq
 
 
 def test_the_asset_has_checks_and_is_partitioned():
-    assert gpu_nodes.partitions_def.name == CLUSTER_PARTITIONS_NAME
-    assert {k.name for k in gpu_nodes.check_keys} == {
+    assert cluster_assets.partitions_def.name == CLUSTER_PARTITIONS_NAME
+    assert {k.name for k in cluster_assets.check_keys if k.asset_key == AssetKey("gpu_nodes")} == {
         "allocation_within_capacity",
         "every_node_readable",
         "utilization_fresh",
     }
-    assert gpu_nodes.key == AssetKey("gpu_nodes")
+    assert AssetKey("gpu_nodes") in cluster_assets.keys

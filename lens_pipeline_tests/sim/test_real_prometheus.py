@@ -15,14 +15,10 @@ import urllib.request
 
 import pytest
 import yaml
-from dagster import instance_for_test, materialize
+from dagster import instance_for_test
 
 from lens_pipeline.collect.overview import OVERVIEW_FIGURES
 from lens_pipeline.defs import resources
-from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
-from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
-from lens_pipeline.defs.collectors.schedules import COLLECTORS
-from lens_pipeline.defs.derived.assets import VIEWS
 from lens_pipeline.defs.resources import (
     ClusterRegistryResource,
     LensDatabase,
@@ -37,6 +33,7 @@ from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.schema import cluster_overview_cache, gpu_device, workload_statistic
 from lens_pipeline.vendors import INFINIBAND, PROFILES
 from lens_pipeline_tests.conftest import skip_unless
+from lens_pipeline_tests.defs.support import materialize_cluster, statistics_config
 from lens_pipeline_tests.defs.test_collectors_against_truth import DEVICE_COLUMNS, table, truth
 from lens_pipeline_tests.defs.test_derived_against_truth import STATISTICS, gpus_by_pod, workload_gpus
 from lens_pipeline_tests.defs.test_gpu_nodes import assert_table_equals_truth
@@ -149,8 +146,8 @@ def test_collectors_on_a_real_prometheus_store_the_truth(scraped, tmp_path):
     with instance_for_test() as instance:
         instance.add_dynamic_partitions("cluster", [c.name for c in fleet])
         for cluster in fleet:
-            result = materialize(
-                [gpu_nodes, gpu_devices],
+            result = materialize_cluster(
+                ["gpu_nodes", "gpu_devices"],
                 partition_key=cluster.name,
                 instance=instance,
                 resources={
@@ -223,14 +220,11 @@ def test_overview_and_workload_statistics_on_a_real_prometheus_equal_the_truth(s
         instance.add_dynamic_partitions("cluster", [c.name for c in fleet])
         for cluster in fleet:
             _wait_for_history(urls[cluster.name], 10)
-            result = materialize(
-                [*COLLECTORS, *VIEWS],
+            result = materialize_cluster(
                 partition_key=cluster.name,
                 instance=instance,
                 # The window starts after every target was scraped (older points see part of the GPUs).
-                run_config={
-                    "ops": {"workload_gpu_statistics": {"config": {**STATISTICS, "first_window_seconds": 5}}}
-                },
+                run_config=statistics_config({**STATISTICS, "first_window_seconds": 5}),
                 resources={
                     **resources.defs.resources,
                     "registry": ClusterRegistryResource(clusters_file=str(registry)),

@@ -1,5 +1,11 @@
-"""What every collector shares: the asset shape (cluster partitions, group, retries, checks) and the
-run shell (the cluster, its shared snapshot, request counts, problems, the common metadata)."""
+"""What every per-cluster asset shares.
+
+Each asset is a `ClusterPart`: what it is (key, group, description, checks, upstream parts) and a
+function computing it for one cluster from a `ClusterStep` (the cluster, the run's resources and
+log). `lens_pipeline.defs.cluster_assets` puts every part into one Dagster multi-asset, so that
+one run can cover one cluster or a batch of them, with the collectors of a cluster sharing one
+snapshot of its Kubernetes objects.
+"""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,22 +17,28 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
-    AssetsDefinition,
+    AssetSpec,
     AutomationCondition,
     Backoff,
+    Config,
     FreshnessPolicy,
     Jitter,
     MaterializeResult,
     RetryPolicy,
-    asset,
 )
+from pydantic import Field
 
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.collect.problems import Problem
 from lens_pipeline.defs.collectors.reporting import problems_metadata, read_metadata
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
 from lens_pipeline.defs.partitions import cluster_partitions
-from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource
+from lens_pipeline.defs.resources import (
+    KubernetesResource,
+    LensDatabase,
+    PrometheusResource,
+    SafeDatabase,
+)
 
 COLLECTOR_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 MAX_LOGGED_PROBLEMS = 20
@@ -37,30 +49,98 @@ MAX_LOGGED_PROBLEMS = 20
 FRESHNESS = FreshnessPolicy.time_window(fail_window=timedelta(minutes=5), warn_window=timedelta(minutes=2))
 
 
-def cluster_asset(
+class StatisticsConfig(Config):
+    step_seconds: int = Field(
+        default=30, ge=1, description="resolution of the utilization series (§4.8: 30 s)"
+    )
+    idle_threshold_percent: float = Field(
+        default=5.0, ge=0, le=100, description="a held GPU under this utilization counts as idle"
+    )
+    first_window_seconds: int = Field(
+        default=600, ge=1, description="how far back the first run of a cluster reads (later runs continue)"
+    )
+
+
+class ClusterAssetsConfig(Config):
+    """Run configuration of the cluster assets (`ops: {cluster_assets: {config: ...}}`)."""
+
+    statistics: StatisticsConfig = Field(default_factory=StatisticsConfig)
+
+
+@dataclass
+class ClusterStep:
+    """One cluster's turn in a run: its configuration, the run's resources and log."""
+
+    context: AssetExecutionContext
+    cluster: ClusterConfig
+    kubernetes: KubernetesResource
+    prometheus: PrometheusResource
+    lens_db: LensDatabase
+    safe_db: SafeDatabase
+    config: ClusterAssetsConfig
+
+    @property
+    def log(self) -> Any:
+        return self.context.log
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The cluster's Kubernetes objects, listed once and shared by the collectors of the run."""
+        return self.kubernetes.snapshot(self.cluster)
+
+
+@dataclass(frozen=True)
+class ClusterPart:
+    """One per-cluster asset: its definition and the function computing it for one cluster."""
+
+    key: str
+    group: str
+    description: str
+    kinds: frozenset[str]
+    checks: dict[str, str]
+    deps: tuple["ClusterPart", ...]
+    compute: Callable[[ClusterStep], MaterializeResult]
+    automation_condition: AutomationCondition | None = None
+
+    def spec(self) -> AssetSpec:
+        return AssetSpec(
+            self.key,
+            deps=[d.key for d in self.deps],
+            description=self.description,
+            group_name=self.group,
+            kinds=set(self.kinds),
+            partitions_def=cluster_partitions,
+            freshness_policy=FRESHNESS,
+            automation_condition=self.automation_condition,
+            # A cluster that failed gets no materialization; the run goes on with the others.
+            skippable=True,
+        )
+
+    def check_specs(self) -> list[AssetCheckSpec]:
+        return [AssetCheckSpec(n, asset=self.key, description=d) for n, d in self.checks.items()]
+
+
+def cluster_part(
     *,
     group: str,
     description: str,
     checks: dict[str, str],
-    deps: Sequence[Any] = (),
+    deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str],
     automation_condition: AutomationCondition | None = None,
-) -> Callable[[Callable[..., MaterializeResult]], AssetsDefinition]:
-    """`@asset` partitioned by cluster, with retries, freshness and checks (name -> what it guards)."""
+) -> Callable[[Callable[[ClusterStep], MaterializeResult]], ClusterPart]:
+    """Declare a per-cluster asset (name -> what each check guards)."""
 
-    def decorate(fn: Callable[..., MaterializeResult]) -> AssetsDefinition:
-        return asset(
-            name=fn.__name__,
-            partitions_def=cluster_partitions,
-            group_name=group,
-            kinds=set(kinds),
-            deps=list(deps),
-            retry_policy=COLLECTOR_RETRY,
-            freshness_policy=FRESHNESS,
-            automation_condition=automation_condition,
-            check_specs=[AssetCheckSpec(n, asset=fn.__name__, description=d) for n, d in checks.items()],
+    def decorate(fn: Callable[[ClusterStep], MaterializeResult]) -> ClusterPart:
+        return ClusterPart(
+            key=fn.__name__,
+            group=group,
             description=description,
-        )(fn)
+            kinds=kinds,
+            checks=dict(checks),
+            deps=tuple(deps),
+            compute=fn,
+            automation_condition=automation_condition,
+        )
 
     return decorate
 
@@ -69,11 +149,11 @@ def collector(
     *,
     description: str,
     checks: dict[str, str],
-    deps: Sequence[Any] = (),
+    deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str] = frozenset({"kubernetes", "sql"}),
-) -> Callable[[Callable[..., MaterializeResult]], AssetsDefinition]:
-    """`@asset` for a per-cluster collector, refreshed by the `collect_every_minute` schedule."""
-    return cluster_asset(group="collectors", description=description, checks=checks, deps=deps, kinds=kinds)
+) -> Callable[[Callable[[ClusterStep], MaterializeResult]], ClusterPart]:
+    """A per-cluster collector, refreshed by the `collect_every_minute` schedule."""
+    return cluster_part(group="collectors", description=description, checks=checks, deps=deps, kinds=kinds)
 
 
 def check(name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> AssetCheckResult:
@@ -86,22 +166,15 @@ def check(name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> As
 class CollectorRun:
     """One collector's work on one cluster in one run."""
 
-    context: AssetExecutionContext
-    cluster: ClusterConfig
-    snapshot: ClusterSnapshot
+    step: ClusterStep
     problems: list[Problem] = field(default_factory=list)
     prometheus_queries: int = 0
 
     def __post_init__(self) -> None:
+        self.cluster = self.step.cluster
+        self.snapshot = self.step.snapshot()
         self._started = datetime.now(UTC)
         self._stats_before = self.snapshot.reader.stats.copy()
-
-    @classmethod
-    def start(
-        cls, context: AssetExecutionContext, registry: ClusterRegistryResource, kubernetes: KubernetesResource
-    ) -> "CollectorRun":
-        cluster = registry.cluster(context.partition_key)
-        return cls(context, cluster, kubernetes.snapshot(cluster))
 
     def check(self, name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> AssetCheckResult:
         return check(name, passed, warn=warn, **metadata)
@@ -112,7 +185,7 @@ class CollectorRun:
 
     def finish(self, metadata: dict[str, Any], checks: list[AssetCheckResult]) -> MaterializeResult:
         for problem in self.problems[:MAX_LOGGED_PROBLEMS]:
-            self.context.log.warning(f"cluster {self.cluster.name}: skipped {problem}")
+            self.step.log.warning(f"cluster {self.cluster.name}: skipped {problem}")
         stats = self.snapshot.reader.stats.since(self._stats_before)
         return MaterializeResult(
             metadata={

@@ -3,20 +3,14 @@ query per figure (never one per node) -> `gpu_device`, `rdma_device`, `node_devi
 
 from datetime import UTC, datetime
 
-from dagster import AssetExecutionContext, MaterializeResult
+from dagster import MaterializeResult
 
 from lens_pipeline.collect.devices import gpu_device_rows, rdma_device_rows
 from lens_pipeline.collect.nodes import gpu_models_by_node, ready_status
 from lens_pipeline.collect.problems import MalformedObject, object_name
-from lens_pipeline.defs.collectors.common import CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
-from lens_pipeline.defs.resources import (
-    ClusterRegistryResource,
-    KubernetesResource,
-    LensDatabase,
-    PrometheusResource,
-)
 from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.devices import write_devices
@@ -34,15 +28,9 @@ def _pairs(samples):
     deps=[gpu_nodes],
     checks={"devices_on_known_nodes": "Every device belongs to a node of the cluster."},
 )
-def gpu_devices(
-    context: AssetExecutionContext,
-    registry: ClusterRegistryResource,
-    kubernetes: KubernetesResource,
-    prometheus: PrometheusResource,
-    lens_db: LensDatabase,
-) -> MaterializeResult:
-    run = CollectorRun.start(context, registry, kubernetes)
-    prom = prometheus.reader(run.cluster)
+def gpu_devices(step: ClusterStep) -> MaterializeResult:
+    run = CollectorRun(step)
+    prom = step.prometheus.reader(run.cluster)
     if prom is None:
         raise RuntimeError(
             f"cluster {run.cluster.name!r}: no prometheus_url in the registry; devices come from metrics"
@@ -67,11 +55,11 @@ def gpu_devices(
     try:
         nics = rdma_device_rows(_pairs(prom.vector(INFINIBAND.info_query())), INFINIBAND)
     except PromError as exc:
-        context.log.warning(f"{exc}; RDMA devices left as stored")
+        step.log.warning(f"{exc}; RDMA devices left as stored")
         nics = None
     run.prometheus_queries = prom.queries
 
-    with write_transaction(lens_db.engine()) as conn:
+    with write_transaction(step.lens_db.engine()) as conn:
         written = write_devices(
             conn, run.cluster.name, gpus=gpus, nics=nics, now=datetime.now(UTC), keep_nodes=not_ready
         )

@@ -6,18 +6,12 @@ the cluster; the rows come from `collect.nodes`, the write from `store.nodes`.
 
 from datetime import UTC, datetime
 
-from dagster import AssetExecutionContext, MaterializeResult
+from dagster import MaterializeResult
 
 from lens_pipeline.collect.nodes import gpu_node_rows, utilization_by_node
 from lens_pipeline.collect.pods import allocation_by_node
-from lens_pipeline.defs.collectors.common import CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
-from lens_pipeline.defs.resources import (
-    ClusterRegistryResource,
-    KubernetesResource,
-    LensDatabase,
-    PrometheusResource,
-)
 from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.nodes import stored_utilization, write_gpu_nodes
@@ -34,18 +28,12 @@ TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utiliza
         "utilization_fresh": "Prometheus answered the utilization query this run.",
     },
 )
-def gpu_nodes(
-    context: AssetExecutionContext,
-    registry: ClusterRegistryResource,
-    kubernetes: KubernetesResource,
-    prometheus: PrometheusResource,
-    lens_db: LensDatabase,
-) -> MaterializeResult:
-    run = CollectorRun.start(context, registry, kubernetes)
+def gpu_nodes(step: ClusterStep) -> MaterializeResult:
+    run = CollectorRun(step)
     snapshot = run.snapshot
     run.problems += snapshot.pod_problems
 
-    prom = prometheus.reader(run.cluster)
+    prom = step.prometheus.reader(run.cluster)
     utilization: dict[str, float] | None = {}
     prom_error = "no prometheus_url in the registry" if prom is None else None
     if prom is not None:
@@ -56,11 +44,11 @@ def gpu_nodes(
                     utilization_by_node(((s.labels, s.value) for s in samples), profile.node_label)
                 )
         except PromError as exc:
-            context.log.warning(f"{exc}; keeping each node's last stored utilization")
+            step.log.warning(f"{exc}; keeping each node's last stored utilization")
             prom_error, utilization = str(exc), None
         run.prometheus_queries = prom.queries
 
-    with write_transaction(lens_db.engine()) as conn:
+    with write_transaction(step.lens_db.engine()) as conn:
         if utilization is None:
             utilization = {
                 k: v for k, v in stored_utilization(conn, run.cluster.name).items() if v is not None

@@ -3,15 +3,14 @@
 
 from datetime import UTC, datetime
 
-from dagster import AssetExecutionContext, MaterializeResult
+from dagster import MaterializeResult
 
 from lens_pipeline.collect.nodes import gpu_models_by_node
 from lens_pipeline.collect.pods import condition_events, gpu_pod_row, pod_resource_row, pod_snapshot_row
 from lens_pipeline.collect.problems import MalformedObject, Problem, object_name
-from lens_pipeline.defs.collectors.common import CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
-from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.pods import write_pods
 
@@ -26,13 +25,8 @@ TABLE_COLUMNS = ("namespace", "name", "node_name", "gpu_allocated", "phase", "ru
         "pods_on_known_nodes": "Every scheduled GPU pod runs on a node the cluster lists.",
     },
 )
-def gpu_pods(
-    context: AssetExecutionContext,
-    registry: ClusterRegistryResource,
-    kubernetes: KubernetesResource,
-    lens_db: LensDatabase,
-) -> MaterializeResult:
-    run = CollectorRun.start(context, registry, kubernetes)
+def gpu_pods(step: ClusterStep) -> MaterializeResult:
+    run = CollectorRun(step)
     snapshot = run.snapshot
     run.problems += snapshot.pod_problems
     models = gpu_models_by_node(snapshot.nodes, snapshot.profiles)
@@ -56,7 +50,7 @@ def gpu_pods(
         resource_rows.append(rows[1])
         snapshot_rows.append(rows[2])
 
-    with write_transaction(lens_db.engine()) as conn:
+    with write_transaction(step.lens_db.engine()) as conn:
         written = write_pods(
             conn,
             run.cluster.name,

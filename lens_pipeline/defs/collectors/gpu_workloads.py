@@ -4,7 +4,7 @@
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from dagster import AssetExecutionContext, MaterializeResult
+from dagster import MaterializeResult
 
 from lens_pipeline.collect.objects import KindRef, owner_ref
 from lens_pipeline.collect.owners import (
@@ -16,11 +16,10 @@ from lens_pipeline.collect.owners import (
 )
 from lens_pipeline.collect.problems import MalformedObject, Problem
 from lens_pipeline.collect.workloads import snapshot_row, workload_row
-from lens_pipeline.defs.collectors.common import CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
-from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.workloads import stored_workloads, write_workloads
 
@@ -64,15 +63,10 @@ def list_owner_kinds(
     deps=[gpu_pods],
     checks={"owner_chains_resolved": "Every GPU pod's owner chain could be followed to its top."},
 )
-def gpu_workloads(
-    context: AssetExecutionContext,
-    registry: ClusterRegistryResource,
-    kubernetes: KubernetesResource,
-    lens_db: LensDatabase,
-) -> MaterializeResult:
-    run = CollectorRun.start(context, registry, kubernetes)
+def gpu_workloads(step: ClusterStep) -> MaterializeResult:
+    run = CollectorRun(step)
     pods = run.snapshot.gpu_pods
-    engine = lens_db.engine()
+    engine = step.lens_db.engine()
     with engine.connect() as conn:
         stored = stored_workloads(conn, run.cluster.name)
 

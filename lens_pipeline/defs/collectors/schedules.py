@@ -1,8 +1,18 @@
-"""Collection runs: one run per cluster every minute, tagged so that the queue runs at most one per
-cluster at a time."""
+"""Collection runs: every registered cluster once a minute, healthy clusters in batches.
+
+A batch is a range of cluster partitions in one run (`lens_pipeline.defs.cluster_assets`), so the
+seconds a run costs before it does any work are paid once per batch. A cluster whose last
+collection failed, or that is new, runs alone, so a broken cluster never delays the others (and a
+new one does not before it has proved itself); a cluster some run is still queued for or working on
+is left out of this minute's requests.
+"""
+
+from collections.abc import Sequence
 
 from dagster import (
+    AssetKey,
     AssetSelection,
+    DagsterInstance,
     DefaultScheduleStatus,
     Definitions,
     RunRequest,
@@ -12,41 +22,95 @@ from dagster import (
     in_process_executor,
     schedule,
 )
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
-from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
-from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
-from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
-from lens_pipeline.defs.collectors.storage_backends import storage_backends
-from lens_pipeline.defs.derived.assets import VIEWS
-from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, CLUSTER_TAG
-
-COLLECTORS = (gpu_nodes, gpu_pods, gpu_workloads, gpu_devices, storage_backends)
+from lens_pipeline import settings
+from lens_pipeline.defs.cluster_assets import ASSET_KEYS, JOB_NAME, cluster_assets
+from lens_pipeline.defs.partitions import BATCH_TAG, CLUSTER_PARTITIONS_NAME, CLUSTER_TAG, clusters_in_runs
 
 collect_cluster_job = define_asset_job(
-    "collect_cluster",
-    selection=AssetSelection.assets(*COLLECTORS, *VIEWS),
+    JOB_NAME,
+    selection=AssetSelection.assets(*ASSET_KEYS),
     executor_def=in_process_executor,
-    description="Every collector of one cluster and everything derived from them, in one process "
-    "(startup costs seconds per run).",
+    description="Every collector of a cluster (or of a batch of clusters) and everything derived from "
+    "them, in one process (startup costs seconds per run).",
 )
+
+
+def unproven_clusters(instance: DagsterInstance, clusters: Sequence[str]) -> set[str]:
+    """Clusters whose latest attempt at `gpu_nodes` did not materialize it (a failure, or a run
+    still going), and clusters never materialized."""
+    key = AssetKey("gpu_nodes")
+    storage = instance.event_log_storage
+    failed = storage.get_latest_asset_partition_materialization_attempts_without_materializations(key)
+    materialized = storage.get_materialized_partitions(key)
+    return {c for c in clusters if c in failed or c not in materialized}
+
+
+def collection_requests(
+    clusters: Sequence[str], *, busy: set[str], alone: set[str], batch_size: int, tick: str
+) -> list[RunRequest]:
+    """Runs for `clusters` (in partition order): contiguous batches of at most `batch_size`, a run of
+    its own for each cluster in `alone`, none for the `busy` ones."""
+    requests: list[RunRequest] = []
+    batch: list[str] = []
+
+    def flush() -> None:
+        if len(batch) == 1:
+            name = batch[0]
+            requests.append(
+                RunRequest(run_key=f"{name}@{tick}", partition_key=name, tags={CLUSTER_TAG: name})
+            )
+        elif batch:
+            span = f"{batch[0]}..{batch[-1]}"
+            requests.append(
+                RunRequest(
+                    run_key=f"{span}@{tick}",
+                    tags={
+                        ASSET_PARTITION_RANGE_START_TAG: batch[0],
+                        ASSET_PARTITION_RANGE_END_TAG: batch[-1],
+                        BATCH_TAG: span,
+                    },
+                )
+            )
+        batch.clear()
+
+    for name in clusters:
+        if name in busy:
+            flush()  # a range is contiguous: it cannot step over a busy cluster
+        elif name in alone:
+            flush()
+            batch.append(name)
+            flush()
+        else:
+            batch.append(name)
+            if len(batch) >= batch_size:
+                flush()
+    flush()
+    return requests
 
 
 @schedule(
     cron_schedule="* * * * *",
     job=collect_cluster_job,
     default_status=DefaultScheduleStatus.RUNNING,
-    description="Each registered cluster's collectors, once a minute.",
+    description="Each registered cluster's collectors, once a minute: healthy clusters in batches of "
+    f"${settings.LENS_CLUSTERS_PER_RUN} (default {settings.DEFAULT_CLUSTERS_PER_RUN}), failing and new "
+    "ones alone.",
 )
 def collect_every_minute(context: ScheduleEvaluationContext) -> list[RunRequest] | SkipReason:
     clusters = context.instance.get_dynamic_partitions(CLUSTER_PARTITIONS_NAME)
     if not clusters:
         return SkipReason("no cluster partitions yet: cluster_registry_sensor adds them from the registry")
+    busy = clusters_in_runs(context.instance, job_names={JOB_NAME}, asset_keys=ASSET_KEYS)
+    alone = unproven_clusters(context.instance, clusters) - busy
     tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "manual"
-    return [
-        RunRequest(run_key=f"{name}@{tick}", partition_key=name, tags={CLUSTER_TAG: name})
-        for name in sorted(clusters)
-    ]
+    requests = collection_requests(
+        clusters, busy=busy, alone=alone, batch_size=settings.clusters_per_run(), tick=tick
+    )
+    if busy:
+        context.log.info(f"left to the runs still going: {sorted(busy)}")
+    return requests or SkipReason(f"every cluster has a run going: {sorted(busy)}")
 
 
-defs = Definitions(assets=list(COLLECTORS), jobs=[collect_cluster_job], schedules=[collect_every_minute])
+defs = Definitions(assets=[cluster_assets], jobs=[collect_cluster_job], schedules=[collect_every_minute])

@@ -10,13 +10,22 @@ dropped (with their replay keys).
 from datetime import UTC, datetime, timedelta
 
 import orjson
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, Config, MaterializeResult
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    Config,
+    MaterializeResult,
+    asset,
+)
 from google.protobuf.message import DecodeError
 
 from lens_pipeline.collect.containers import ContainerEventRecord, apply_events
 from lens_pipeline.collect.problems import Problem
-from lens_pipeline.defs.collectors.common import MAX_LOGGED_PROBLEMS, collector
+from lens_pipeline.defs.collectors.common import COLLECTOR_RETRY, FRESHNESS, MAX_LOGGED_PROBLEMS
 from lens_pipeline.defs.collectors.reporting import markdown_table, problems_metadata
+from lens_pipeline.defs.partitions import cluster_partitions
 from lens_pipeline.defs.resources import LensDatabase
 from lens_pipeline.store.containers import stored_containers, write_container_rows
 from lens_pipeline.store.db import write_transaction
@@ -33,13 +42,23 @@ class ContainerEventsConfig(Config):
     log_retention_days: float = 7.0
 
 
-@collector(
+@asset(
     description=(
         "Container lifecycle events and GPU/InfiniBand device assignments from node agents, through "
         "the `lens ingest` event log: `node_container`, `node_container_devices`, `node_container_event`."
     ),
-    checks={"every_event_readable": "Every logged event's data could be decoded and applied."},
-    kinds=frozenset({"grpc", "sql"}),
+    partitions_def=cluster_partitions,
+    group_name="collectors",
+    kinds={"grpc", "sql"},
+    retry_policy=COLLECTOR_RETRY,
+    freshness_policy=FRESHNESS,
+    check_specs=[
+        AssetCheckSpec(
+            "every_event_readable",
+            asset="container_events",
+            description="Every logged event's data could be decoded and applied.",
+        )
+    ],
 )
 def container_events(
     context: AssetExecutionContext, config: ContainerEventsConfig, lens_db: LensDatabase

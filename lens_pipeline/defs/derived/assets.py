@@ -1,23 +1,14 @@
-"""Every derived asset, in the order a cluster's run materializes them, and the automation sensor
-that keeps them following their collectors outside the scheduled runs."""
+"""The automation sensor that keeps the derived assets following their collectors outside the
+scheduled runs (which include them already). The assets themselves are parts of
+`lens_pipeline.defs.cluster_assets`."""
 
 from dagster import AssetSelection, AutomationConditionSensorDefinition, DefaultSensorStatus, Definitions
 
-from lens_pipeline.defs.derived.overview import cluster_overview_cache
-from lens_pipeline.defs.derived.safe import safe_node_statistic, safe_workload_statistic
-from lens_pipeline.defs.derived.statistics import gpu_consumers, workload_gpu_statistics
-
-VIEWS = (
-    cluster_overview_cache,
-    workload_gpu_statistics,
-    gpu_consumers,
-    safe_node_statistic,
-    safe_workload_statistic,
-)
+from lens_pipeline.defs.cluster_assets import VIEW_KEYS
 
 views_automation = AutomationConditionSensorDefinition(
     "cluster_views_automation",
-    target=AssetSelection.assets(*VIEWS),
+    target=AssetSelection.assets(*VIEW_KEYS),
     default_status=DefaultSensorStatus.RUNNING,
     # The scheduled runs include the views already: this only follows up manual runs and backfills,
     # and each evaluation over every cluster costs the daemon CPU.
@@ -26,4 +17,4 @@ views_automation = AutomationConditionSensorDefinition(
     "materialized without it (a backfill, a manual run); the scheduled runs include them already.",
 )
 
-defs = Definitions(assets=list(VIEWS), sensors=[views_automation])
+defs = Definitions(sensors=[views_automation])

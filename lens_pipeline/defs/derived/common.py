@@ -4,11 +4,10 @@ them after the collectors; when a collector is materialized alone (a backfill, a
 automation sensor brings them up to date."""
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from dagster import AssetsDefinition, AutomationCondition
+from dagster import AutomationCondition, MaterializeResult
 
-from lens_pipeline.defs.collectors.common import cluster_asset
+from lens_pipeline.defs.collectors.common import ClusterPart, ClusterStep, cluster_part
 
 GROUP = "cluster_views"
 
@@ -17,11 +16,11 @@ def cluster_view(
     *,
     description: str,
     checks: dict[str, str],
-    deps: Sequence[Any] = (),
+    deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str] = frozenset({"sql"}),
-) -> Callable[[Callable[..., Any]], AssetsDefinition]:
+) -> Callable[[Callable[[ClusterStep], MaterializeResult]], ClusterPart]:
     """`@asset` for a per-cluster asset computed from stored tables (and Prometheus)."""
-    return cluster_asset(
+    return cluster_part(
         group=GROUP,
         description=description,
         checks=checks,

@@ -9,7 +9,7 @@ the Prometheus figures keep their last stored values (a warning check says so).
 from datetime import UTC, datetime
 from typing import Any
 
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue
+from dagster import MaterializeResult, MetadataValue
 
 from lens_pipeline.collect.overview import (
     NODE_COUNTS,
@@ -19,12 +19,11 @@ from lens_pipeline.collect.overview import (
     overview_row,
     storage_figures,
 )
-from lens_pipeline.defs.collectors.common import check
+from lens_pipeline.defs.collectors.common import ClusterStep, check
 from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.storage_backends import storage_backends
 from lens_pipeline.defs.derived.common import cluster_view
-from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.overview import overview_nodes, storage_volumes, stored_overview, write_overview
@@ -88,28 +87,23 @@ def prometheus_figures(prom: PromReader, vendor: str, volumes: list[str], window
         "prometheus_fresh": "Prometheus answered this run (else its figures are the last stored ones).",
     },
 )
-def cluster_overview_cache(
-    context: AssetExecutionContext,
-    registry: ClusterRegistryResource,
-    prometheus: PrometheusResource,
-    lens_db: LensDatabase,
-) -> MaterializeResult:
+def cluster_overview_cache(step: ClusterStep) -> MaterializeResult:
     started = datetime.now(UTC)
-    cluster = registry.cluster(context.partition_key)
-    engine = lens_db.engine()
+    cluster = step.cluster
+    engine = step.lens_db.engine()
     with engine.connect() as conn:
         nodes = overview_nodes(conn, cluster.name)
         volumes = storage_volumes(conn, cluster.name, JUICEFS)
         previous = stored_overview(conn, cluster.name)
 
-    prom = prometheus.reader(cluster)
+    prom = step.prometheus.reader(cluster)
     prom_error = "no prometheus_url in the registry" if prom is None else None
     figures: dict[str, Any] | None = None
     if prom is not None:
         try:
-            figures = prometheus_figures(prom, cluster.vendor, volumes, prometheus.rate_window)
+            figures = prometheus_figures(prom, cluster.vendor, volumes, step.prometheus.rate_window)
         except PromError as exc:
-            context.log.warning(f"{exc}; keeping the last stored Prometheus figures")
+            step.log.warning(f"{exc}; keeping the last stored Prometheus figures")
             prom_error = str(exc)
     if figures is None:
         kept = ("utilization", *STORAGE_FIGURES, *RDMA_FIGURES)

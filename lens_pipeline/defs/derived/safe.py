@@ -11,14 +11,13 @@ named "default", §10.11):
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from dagster import AssetExecutionContext, MaterializeResult
+from dagster import MaterializeResult
 
-from lens_pipeline.defs.collectors.common import check
+from lens_pipeline.defs.collectors.common import ClusterStep, check
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import sync_metadata
 from lens_pipeline.defs.derived.common import cluster_view
 from lens_pipeline.defs.derived.statistics import workload_gpu_statistics
-from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, SafeDatabase
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.statistics import (
     ACTIVE,
@@ -47,18 +46,13 @@ def percent(value: float | None) -> Decimal | None:
     deps=[gpu_nodes],
     checks={"one_row_per_gpu_node": "The cluster's live rows are exactly its GPU nodes."},
 )
-def safe_node_statistic(
-    context: AssetExecutionContext,
-    registry: ClusterRegistryResource,
-    lens_db: LensDatabase,
-    safe_db: SafeDatabase,
-) -> MaterializeResult:
+def safe_node_statistic(step: ClusterStep) -> MaterializeResult:
     now = datetime.now(UTC)
-    cluster = registry.cluster(context.partition_key)
-    with lens_db.engine().connect() as conn:
+    cluster = step.cluster
+    with step.lens_db.engine().connect() as conn:
         nodes = gpu_node_utilization(conn, cluster.name)
     rows = [{"node_name": n["name"], "gpu_utilization": percent(n["gpu_utilization"])} for n in nodes]
-    with write_transaction(safe_db.engine()) as conn:
+    with write_transaction(step.safe_db.engine()) as conn:
         result = write_node_statistics(conn, cluster.name, rows, now=now)
     live = len(result.inserted) + len(result.updated) + result.unchanged
     return MaterializeResult(
@@ -75,16 +69,11 @@ def safe_node_statistic(
     deps=[workload_gpu_statistics],
     checks={"usage_within_bounds": "Every average and peak is a percentage with average <= peak."},
 )
-def safe_workload_statistic(
-    context: AssetExecutionContext,
-    registry: ClusterRegistryResource,
-    lens_db: LensDatabase,
-    safe_db: SafeDatabase,
-) -> MaterializeResult:
+def safe_workload_statistic(step: ClusterStep) -> MaterializeResult:
     now = datetime.now(UTC)
-    cluster = registry.cluster(context.partition_key)
+    cluster = step.cluster
     since = (now - WINDOW).replace(minute=0, second=0, microsecond=0)
-    with lens_db.engine().connect() as conn:
+    with step.lens_db.engine().connect() as conn:
         workloads = [
             w
             for w in active_workloads(conn, cluster.name)
@@ -113,7 +102,7 @@ def safe_workload_statistic(
                 "data_points_count": count,
             }
         )
-    with write_transaction(safe_db.engine()) as conn:
+    with write_transaction(step.safe_db.engine()) as conn:
         written = write_workload_statistics(conn, rows, now=now)
     bad = [r["workload_id"] for r in rows if not (0 <= r["avg_gpu_usage_3h"] <= r["max_gpu_usage_3h"] <= 100)]
     return MaterializeResult(

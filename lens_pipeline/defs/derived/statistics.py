@@ -13,8 +13,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue
-from pydantic import Field
+from dagster import MaterializeResult, MetadataValue
 
 from lens_pipeline.collect.statistics import (
     HOURLY_COLUMN,
@@ -25,12 +24,11 @@ from lens_pipeline.collect.statistics import (
     instant_utilization,
     workload_window,
 )
-from lens_pipeline.defs.collectors.common import check
+from lens_pipeline.defs.collectors.common import ClusterStep, check
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.defs.derived.common import cluster_view
-from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.statistics import (
@@ -45,18 +43,6 @@ from lens_pipeline.store.statistics import (
     write_statistics,
 )
 from lens_pipeline.vendors import profiles_for
-
-
-class StatisticsConfig(Config):
-    step_seconds: int = Field(
-        default=30, ge=1, description="resolution of the utilization series (§4.8: 30 s)"
-    )
-    idle_threshold_percent: float = Field(
-        default=5.0, ge=0, le=100, description="a held GPU under this utilization counts as idle"
-    )
-    first_window_seconds: int = Field(
-        default=600, ge=1, description="how far back the first run of a cluster reads (later runs continue)"
-    )
 
 
 def _utc(t: float) -> datetime:
@@ -101,17 +87,12 @@ def read_pod_now(prom: PromReader, vendor: str) -> dict[PodKey, tuple[float, flo
         "prometheus_fresh": "Prometheus answered this run.",
     },
 )
-def workload_gpu_statistics(
-    context: AssetExecutionContext,
-    config: StatisticsConfig,
-    registry: ClusterRegistryResource,
-    prometheus: PrometheusResource,
-    lens_db: LensDatabase,
-) -> MaterializeResult:
+def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
     started = now = datetime.now(UTC)
-    cluster = registry.cluster(context.partition_key)
-    engine = lens_db.engine()
-    step = float(config.step_seconds)
+    cluster = step.cluster
+    engine = step.lens_db.engine()
+    config = step.config.statistics
+    resolution = float(config.step_seconds)
     with engine.connect() as conn:
         workloads = active_workloads(conn, cluster.name)
         pods_of = running_pods_by_workload(conn, cluster.name)
@@ -121,9 +102,11 @@ def workload_gpu_statistics(
     # The window continues where the last run stopped, on multiples of the step, so no point is
     # read twice or skipped; a long pause is read from `first_window_seconds` back only.
     floor = (now - timedelta(seconds=config.first_window_seconds)).timestamp()
-    first = math.floor(max(cursor.timestamp() if cursor else floor, floor) / step) * step + step
-    last = math.floor(now.timestamp() / step) * step
-    prom = prometheus.reader(cluster)
+    first = (
+        math.floor(max(cursor.timestamp() if cursor else floor, floor) / resolution) * resolution + resolution
+    )
+    last = math.floor(now.timestamp() / resolution) * resolution
+    prom = step.prometheus.reader(cluster)
     prom_error = "no prometheus_url in the registry" if prom is None else None
     series: dict[PodKey, PodSeries] = {}
     current: dict[PodKey, tuple[float, float]] = {}
@@ -131,11 +114,11 @@ def workload_gpu_statistics(
         try:
             if last >= first:
                 series = read_pod_series(
-                    prom, cluster.vendor, _utc(first), _utc(last), step, config.idle_threshold_percent
+                    prom, cluster.vendor, _utc(first), _utc(last), resolution, config.idle_threshold_percent
                 )
             current = read_pod_now(prom, cluster.vendor)
         except PromError as exc:
-            context.log.warning(f"{exc}; statistics keep their stored figures this run")
+            step.log.warning(f"{exc}; statistics keep their stored figures this run")
             prom_error = str(exc)
     queried = prom_error is None and last >= first
 
@@ -144,7 +127,9 @@ def workload_gpu_statistics(
         uid, previous = workload["uid"], stored.get(workload["uid"])
         pods = [(p["namespace"], p["name"]) for p in pods_of.get(uid, [])]
         window = (
-            workload_window((series[p] for p in pods if p in series), step) if queried else Window([], step)
+            workload_window((series[p] for p in pods if p in series), resolution)
+            if queried
+            else Window([], resolution)
         )
         windows[uid] = window
         instant = instant_utilization(current[p] for p in pods if p in current)
@@ -226,7 +211,7 @@ def workload_gpu_statistics(
             "workloads": len(workloads),
             "window_start": _utc(first).isoformat() if queried else "",
             "window_end": _utc(last).isoformat() if queried else "",
-            "window_points": int((last - first) // step) + 1 if queried else 0,
+            "window_points": int((last - first) // resolution) + 1 if queried else 0,
             "idle_gpu_seconds": MetadataValue.float(float(sum(w.idle_gpu_seconds for w in windows.values()))),
             "allocated_gpu_seconds": MetadataValue.float(
                 float(sum(w.allocated_gpu_seconds for w in windows.values()))
@@ -259,12 +244,10 @@ CONSUMER_COLUMNS = (
     deps=[workload_gpu_statistics],
     checks={"allocated_within_cluster": "The consumers together hold no more GPUs than the running pods."},
 )
-def gpu_consumers(
-    context: AssetExecutionContext, registry: ClusterRegistryResource, lens_db: LensDatabase
-) -> MaterializeResult:
+def gpu_consumers(step: ClusterStep) -> MaterializeResult:
     now = datetime.now(UTC)
-    cluster = registry.cluster(context.partition_key)
-    engine = lens_db.engine()
+    cluster = step.cluster
+    engine = step.lens_db.engine()
     with engine.connect() as conn:
         workloads = active_workloads(conn, cluster.name)
         pods_of = running_pods_by_workload(conn, cluster.name)

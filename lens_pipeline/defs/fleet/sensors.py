@@ -4,27 +4,14 @@ partitions of clusters that left it, but only when no run of theirs is in flight
 from dagster import (
     DefaultSensorStatus,
     Definitions,
-    RunsFilter,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
     sensor,
 )
-from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 
-from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, cluster_partitions
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, cluster_partitions, clusters_in_runs
 from lens_pipeline.defs.resources import ClusterRegistryResource
-
-
-def clusters_in_flight(context: SensorEvaluationContext, names: list[str]) -> set[str]:
-    busy = set()
-    for name in names:
-        records = context.instance.get_run_records(
-            RunsFilter(statuses=IN_PROGRESS_RUN_STATUSES, tags={"dagster/partition": name}), limit=1
-        )
-        if records:
-            busy.add(name)
-    return busy
 
 
 @sensor(
@@ -44,7 +31,7 @@ def cluster_registry_sensor(
     current = set(context.instance.get_dynamic_partitions(CLUSTER_PARTITIONS_NAME))
     added = sorted(set(loaded.clusters) - current)
     gone = sorted(current - listed) if registry_readable else []
-    busy = clusters_in_flight(context, gone)
+    busy = clusters_in_runs(context.instance) & set(gone)
     removed = [name for name in gone if name not in busy]
     if busy:
         context.log.info(f"clusters left the registry but have runs in flight, removal waits: {sorted(busy)}")

@@ -1,0 +1,208 @@
+"""`cluster_assets`: every per-cluster asset, the five collectors and the five views derived from
+them, as one Dagster multi-asset partitioned by cluster.
+
+A run covers one cluster or a batch of them (a range of cluster partitions): each cluster in turn
+has its collectors, then its views, computed on one snapshot of its Kubernetes objects, released
+before the next cluster. Clusters are isolated from each other: when a part fails for one cluster,
+that cluster gets no materialization of the part (nor of the parts below it), the error is logged
+and shown by the cluster's partition status, and the run goes on with the other clusters. A run
+fails (and is retried with backoff) when it covered one cluster, or when nothing at all succeeded.
+The process start and code load, which cost more than collecting a 100-node cluster, are then
+paid once per batch instead of once per cluster (docs/SCALING.md).
+
+With `can_subset`, the UI, backfills and declarative automation can still materialize any subset
+of the assets.
+"""
+
+import traceback
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import (
+    AssetCheckKey,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    AssetMaterialization,
+    BackfillPolicy,
+    Failure,
+    MetadataValue,
+    multi_asset,
+)
+
+from lens_pipeline.clusters import ClusterNotFound
+from lens_pipeline.defs.collectors.common import (
+    COLLECTOR_RETRY,
+    ClusterAssetsConfig,
+    ClusterPart,
+    ClusterStep,
+)
+from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
+from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
+from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
+from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
+from lens_pipeline.defs.collectors.storage_backends import storage_backends
+from lens_pipeline.defs.derived.overview import cluster_overview_cache
+from lens_pipeline.defs.derived.safe import safe_node_statistic, safe_workload_statistic
+from lens_pipeline.defs.derived.statistics import gpu_consumers, workload_gpu_statistics
+from lens_pipeline.defs.partitions import WORKING, cluster_partitions, clusters_in_runs
+from lens_pipeline.defs.resources import (
+    ClusterRegistryResource,
+    KubernetesResource,
+    LensDatabase,
+    PrometheusResource,
+    SafeDatabase,
+)
+
+COLLECTORS: tuple[ClusterPart, ...] = (gpu_nodes, gpu_pods, gpu_workloads, gpu_devices, storage_backends)
+VIEWS: tuple[ClusterPart, ...] = (
+    cluster_overview_cache,
+    workload_gpu_statistics,
+    gpu_consumers,
+    safe_node_statistic,
+    safe_workload_statistic,
+)
+# In dependency order: a cluster's parts run in this order.
+PARTS = COLLECTORS + VIEWS
+COLLECTOR_KEYS = [AssetKey(p.key) for p in COLLECTORS]
+VIEW_KEYS = [AssetKey(p.key) for p in VIEWS]
+ASSET_KEYS = COLLECTOR_KEYS + VIEW_KEYS
+JOB_NAME = "collect_cluster"
+
+
+@dataclass(frozen=True)
+class PartFailure:
+    cluster: str
+    part: str
+    error: str
+
+
+@multi_asset(
+    name="cluster_assets",
+    specs=[part.spec() for part in PARTS],
+    check_specs=[spec for part in PARTS for spec in part.check_specs()],
+    partitions_def=cluster_partitions,
+    can_subset=True,
+    retry_policy=COLLECTOR_RETRY,
+    # A backfill over many clusters is one run (per contiguous range), not one run per cluster.
+    backfill_policy=BackfillPolicy.single_run(),
+    description="The collectors and the views derived from them, for one cluster or a batch of clusters.",
+)
+def cluster_assets(
+    context: AssetExecutionContext,
+    config: ClusterAssetsConfig,
+    registry: ClusterRegistryResource,
+    kubernetes: KubernetesResource,
+    prometheus: PrometheusResource,
+    lens_db: LensDatabase,
+    safe_db: SafeDatabase,
+) -> Iterator[AssetMaterialization | AssetCheckResult]:
+    selected = [part for part in PARTS if AssetKey(part.key) in context.selected_asset_keys]
+    names = list(context.partition_keys)
+    # One run per cluster at a time: a cluster an older run is working on is left to that run.
+    held = clusters_in_runs(
+        context.instance,
+        statuses=WORKING,
+        job_names={JOB_NAME},
+        asset_keys=ASSET_KEYS,
+        before_run_id=context.run.run_id,
+    )
+    loaded = registry.load()
+    checks: dict[AssetCheckKey, list[tuple[str, AssetCheckResult]]] = defaultdict(list)
+    failures: list[PartFailure] = []
+    materialized = 0
+    for name in names:
+        if name in held:
+            context.log.warning(f"cluster {name}: another run is collecting it; left to that run")
+            continue
+        try:
+            cluster = loaded.get(name)
+        except ClusterNotFound as exc:
+            failures += [PartFailure(name, part.key, str(exc)) for part in selected]
+            context.log.error(str(exc))
+            continue
+        step = ClusterStep(context, cluster, kubernetes, prometheus, lens_db, safe_db, config)
+        broken: set[str] = set()
+        try:
+            for part in selected:
+                upstream = [d.key for d in part.deps if d.key in broken]
+                if upstream:
+                    broken.add(part.key)
+                    failures.append(
+                        PartFailure(name, part.key, f"not computed: {', '.join(upstream)} failed")
+                    )
+                    continue
+                try:
+                    result = part.compute(step)
+                except Exception as exc:
+                    broken.add(part.key)
+                    failures.append(PartFailure(name, part.key, f"{type(exc).__name__}: {exc}"))
+                    context.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
+                    continue
+                materialized += 1
+                yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
+                for check in result.check_results or ():
+                    checks[AssetCheckKey(AssetKey(part.key), check.check_name or "")].append((name, check))
+        finally:
+            kubernetes.release(cluster)
+
+    failed_by_part: dict[str, dict[str, str]] = defaultdict(dict)
+    for failure in failures:
+        failed_by_part[failure.part][failure.cluster] = failure.error
+    for key in context.selected_asset_check_keys:
+        yield merged_check(key, checks.get(key, []), failed_by_part.get(key.asset_key.path[-1], {}))
+    if failures and (len(names) == 1 or materialized == 0):
+        raise Failure(
+            description=f"{len(failures)} asset(s) of {len(names)} cluster(s) failed: "
+            + "; ".join(f"{f.cluster}/{f.part}: {f.error}" for f in failures[:10]),
+            metadata={"failures": MetadataValue.json([f.__dict__ for f in failures[:100]])},
+        )
+
+
+def merged_check(
+    key: AssetCheckKey, results: list[tuple[str, AssetCheckResult]], failed: dict[str, str]
+) -> AssetCheckResult:
+    """One result of a check for every cluster of the run: passed when it passed on every cluster;
+    a cluster whose asset could not be computed fails it too (an error). What failed where, in
+    metadata."""
+    if len(results) == 1 and not failed:
+        only = results[0][1]
+        return AssetCheckResult(
+            asset_key=key.asset_key,
+            check_name=key.name,
+            passed=only.passed,
+            severity=only.severity,
+            metadata=only.metadata,
+            description=only.description,
+        )
+    failing = [(cluster, result) for cluster, result in results if not result.passed]
+    severity = AssetCheckSeverity.WARN
+    if failed or any(r.severity == AssetCheckSeverity.ERROR for _, r in failing):
+        severity = AssetCheckSeverity.ERROR
+    metadata: dict[str, Any] = {
+        "clusters_checked": len(results),
+        "clusters_failing": sorted(cluster for cluster, _ in failing),
+    }
+    if failing:
+        metadata["failing"] = MetadataValue.json(
+            {cluster: _plain(result.metadata) for cluster, result in failing[:50]}
+        )
+    if failed:
+        metadata["not_computed"] = MetadataValue.json(dict(sorted(failed.items())[:50]))
+    return AssetCheckResult(
+        asset_key=key.asset_key,
+        check_name=key.name,
+        passed=bool(results) and not failing and not failed,
+        severity=severity,
+        metadata=metadata,
+    )
+
+
+def _plain(metadata: Any) -> dict[str, Any]:
+    return {
+        k: getattr(v, "value", v) if not isinstance(v, (str, int, float, bool, list)) else v
+        for k, v in (metadata or {}).items()
+    }

@@ -1,0 +1,126 @@
+"""One run over a batch of clusters (a range of cluster partitions), against simulated clusters over
+real HTTP: every healthy cluster is collected and derived, a broken one gets no materialization
+and is run alone by the next tick, and a cluster an older run holds is left to that run."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import yaml
+from dagster import AssetKey, build_schedule_context, instance_for_test
+from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from sqlalchemy import select
+
+from lens_pipeline.defs import resources
+from lens_pipeline.defs.collectors.schedules import collect_every_minute, unproven_clusters
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.defs.resources import (
+    ClusterRegistryResource,
+    KubernetesResource,
+    LensDatabase,
+    SafeDatabase,
+)
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.schema import cluster_overview_cache
+from lens_pipeline_tests.defs.support import materializations, materialize_cluster
+from lens_pipeline_tests.defs.test_gpu_nodes import assert_table_equals_truth
+
+
+def _batch(first: str, last: str) -> dict[str, str]:
+    return {ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
+
+
+def _run(instance, registry, tmp_path, tags):
+    return materialize_cluster(
+        instance=instance,
+        tags=tags,
+        raise_on_error=False,
+        resources={
+            **resources.defs.resources,
+            "registry": ClusterRegistryResource(clusters_file=str(registry)),
+            "kubernetes": KubernetesResource(max_retries=0, backoff_seconds=0.05),
+            "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
+            "safe_db": SafeDatabase(url=f"sqlite:///{tmp_path / 'safe.db'}"),
+        },
+    )
+
+
+def _check(result, asset: str, name: str):
+    (evaluation,) = (
+        e
+        for e in result.get_asset_check_evaluations()
+        if e.asset_key == AssetKey(asset) and e.check_name == name
+    )
+    return evaluation
+
+
+def test_a_batch_collects_every_healthy_cluster_and_isolates_a_broken_one(tmp_path):
+    fleet = SimFleet.generate(clusters=3, nodes=6, seed=4, vendor="mixed")
+    healthy = [c.name for c in fleet]
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        registry = write_registry(tmp_path / "clusters.yaml", server)
+        document = yaml.safe_load(registry.read_text())
+        document["clusters"].append(
+            {"name": "broken", "server": "http://127.0.0.1:9", "token": "x", "request_timeout_seconds": 2}
+        )
+        registry.write_text(yaml.safe_dump(document))
+        order = [healthy[0], "broken", *healthy[1:]]
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, order)
+
+        result = _run(instance, registry, tmp_path, _batch(order[0], order[-1]))
+        assert result.success  # the broken cluster does not fail the batch
+        for asset in ("gpu_nodes", "gpu_pods", "cluster_overview_cache", "safe_node_statistic"):
+            assert sorted(m.partition for m in materializations(result, asset)) == sorted(healthy), asset
+        for name in healthy:
+            assert_table_equals_truth(f"sqlite:///{tmp_path / 'lens.db'}", server, name)
+        with get_engine(f"sqlite:///{tmp_path / 'lens.db'}").connect() as conn:
+            overviews = conn.execute(select(cluster_overview_cache.c.cluster_name)).scalars().all()
+        assert sorted(overviews) == sorted(healthy)
+
+        # One check result for the batch, saying which cluster could not be computed and why.
+        evaluation = _check(result, "gpu_nodes", "every_node_readable")
+        assert not evaluation.passed
+        assert evaluation.metadata["clusters_checked"].value == 3
+        not_computed = evaluation.metadata["not_computed"].value
+        assert list(not_computed) == ["broken"] and "Connection refused" in not_computed["broken"]
+        views = _check(result, "cluster_overview_cache", "every_healthy_node_in_one_bucket")
+        assert "not computed: gpu_nodes" in views.metadata["not_computed"].value["broken"]
+
+        # The next tick runs the broken cluster alone and the others together.
+        assert unproven_clusters(instance, order) == {"broken"}
+        tick = datetime(2026, 11, 22, 10, 7, tzinfo=UTC)
+        requests = collect_every_minute(
+            build_schedule_context(instance=instance, scheduled_execution_time=tick)
+        )
+        assert [(r.partition_key, r.tags.get(ASSET_PARTITION_RANGE_START_TAG)) for r in requests] == [
+            (healthy[0], None),
+            ("broken", None),
+            (None, healthy[1]),
+        ]
+
+        # Alone, the broken cluster fails its own run, with the cause.
+        alone = _run(instance, registry, tmp_path, {"dagster/partition": "broken"})
+        assert not alone.success
+
+
+def test_a_cluster_an_older_run_holds_is_left_to_it(tmp_path):
+    fleet = SimFleet.generate(clusters=2, nodes=4, seed=6, vendor="amd")
+    names = [c.name for c in fleet]
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        registry = write_registry(tmp_path / "clusters.yaml", server)
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
+        instance.add_run(
+            DagsterRun(
+                job_name="collect_cluster",
+                run_id="older",
+                status=DagsterRunStatus.STARTED,
+                tags={"dagster/partition": names[0]},
+            )
+        )
+        result = _run(instance, registry, tmp_path, _batch(names[0], names[1]))
+        assert result.success
+        assert [m.partition for m in materializations(result, "gpu_nodes")] == [names[1]]
