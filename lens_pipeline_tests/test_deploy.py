@@ -1,0 +1,257 @@
+"""deploy/: what can be checked without a Docker engine or a Kubernetes cluster.
+
+The manifests parse and hang together (selectors, Services, ConfigMaps, Secrets, service accounts),
+the production dagster.yaml loads into a real instance (PostgreSQL storage, K8sRunLauncher against
+the simulator's Kubernetes API), and every container's command starts from this checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lens_pipeline_tests.conftest import _server_database
+from lens_pipeline_tests.ingest.support import free_port
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+BIN = Path(sys.executable).parent
+
+
+def kustomization() -> dict:
+    return yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+
+
+def manifests() -> list[dict]:
+    documents = []
+    for resource in kustomization()["resources"]:
+        documents += [d for d in yaml.safe_load_all((DEPLOY / resource).read_text()) if d]
+    return documents
+
+
+def by_kind(kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in manifests() if d["kind"] == kind}
+
+
+def containers(name: str) -> dict[str, dict]:
+    spec = by_kind("Deployment")[name]["spec"]["template"]["spec"]
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+def test_kustomization_lists_every_manifest_and_each_parses():
+    listed = {DEPLOY / r for r in kustomization()["resources"]}
+    assert listed == set((DEPLOY / "kubernetes").glob("*.yaml"))
+    for document in manifests():
+        assert {"apiVersion", "kind", "metadata"} <= set(document), document
+        assert document["kind"] == "Namespace" or document["metadata"]["namespace"] == "lens"
+    generated = {g["name"]: g["files"] for g in kustomization()["configMapGenerator"]}
+    assert generated == {"lens-dagster-instance": ["dagster.yaml", "workspace.yaml"]}
+    for files in generated.values():
+        for file in files:
+            assert yaml.safe_load((DEPLOY / file).read_text())
+
+
+def test_every_process_has_its_deployment_and_every_reference_exists():
+    deployments = by_kind("Deployment")
+    assert set(deployments) == {
+        "lens-code-location",
+        "lens-dagster-webserver",
+        "lens-dagster-daemon",
+        "lens-ingest",
+        "lens-api",
+    }
+    config_maps = set(by_kind("ConfigMap")) | {g["name"] for g in kustomization()["configMapGenerator"]}
+    secrets = set(by_kind("Secret"))
+    accounts = set(by_kind("ServiceAccount"))
+    image = kustomization()["images"][0]["name"]
+    for name, deployment in deployments.items():
+        template = deployment["spec"]["template"]
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= template["metadata"]["labels"].items(), name
+        spec = template["spec"]
+        assert spec.get("serviceAccountName", "default") in accounts | {"default"}, name
+        for volume in spec.get("volumes", []):
+            if "secret" in volume:
+                assert volume["secret"]["secretName"] in secrets, (name, volume)
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in config_maps, (name, volume)
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            assert container["image"] == image, (name, container["name"])
+            for source in container.get("envFrom", []):
+                if "configMapRef" in source:
+                    assert source["configMapRef"]["name"] in config_maps
+                if "secretRef" in source:
+                    assert source["secretRef"]["name"] in secrets
+            mounted = {m["name"] for m in container.get("volumeMounts", [])}
+            assert mounted <= {v["name"] for v in spec.get("volumes", [])}, (name, container["name"])
+    for name, service in by_kind("Service").items():
+        (target,) = [
+            d
+            for d in deployments.values()
+            if service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        ports = {
+            p["name"] for c in target["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])
+        }
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports, name
+    # The workspace the webserver and daemon load points at the code location's Service.
+    (location,) = yaml.safe_load((DEPLOY / "workspace.yaml").read_text())["load_from"]
+    assert location["grpc_server"]["host"] in by_kind("Service")
+    # Settings the processes read are given to them.
+    data = by_kind("ConfigMap")["lens-config"]["data"]
+    assert {"DAGSTER_HOME", "LENS_CLUSTERS_FILE", "LENS_CLUSTERS_PER_RUN"} <= set(data)
+    assert {"DAGSTER_POSTGRES_URL", "LENS_DATABASE_URL", "LENS_SAFE_DATABASE_URL"} <= set(
+        by_kind("Secret")["lens-secrets"]["stringData"]
+    )
+
+
+def test_the_production_instance_loads_with_postgres_and_the_k8s_run_launcher(tmp_path, monkeypatch):
+    from dagster import DagsterInstance
+    from dagster._core.run_coordinator import QueuedRunCoordinator
+    from dagster_k8s import K8sRunLauncher
+
+    from lens_pipeline.sim.fleet import SimFleet
+    from lens_pipeline.sim.registry import write_registry
+    from lens_pipeline.sim.server import SimServer
+
+    databases = _server_database("postgresql", "dagster")
+    url = next(databases)
+    try:
+        config = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())
+        with SimServer(SimFleet.generate(clusters=1, nodes=2, seed=1, vendor="amd")) as server:
+            write_registry(tmp_path / "clusters.yaml", server)
+            (kubeconfig,) = (tmp_path / "kubeconfigs").glob("*.yaml")
+            # Outside a pod: the launcher reads a kubeconfig (the simulator's API) instead.
+            launcher = config["run_launcher"]["config"]
+            assert launcher["load_incluster_config"] is True
+            launcher.update(load_incluster_config=False, kubeconfig_file=str(kubeconfig))
+            home = tmp_path / "home"
+            home.mkdir()
+            (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+            monkeypatch.setenv("DAGSTER_POSTGRES_URL", url)
+            with DagsterInstance.from_config(str(home)) as instance:
+                assert isinstance(instance.run_launcher, K8sRunLauncher)
+                assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+                assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+                assert instance.get_runs() == []
+        local = yaml.safe_load((DEPLOY.parent / "dagster.yaml").read_text())
+        keys = lambda c: {limit["key"] for limit in c["concurrency"]["runs"]["tag_concurrency_limits"]}  # noqa: E731
+        assert keys(local) == keys(config)
+    finally:
+        databases.close()
+
+
+def _start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
+    executable = BIN / command[0]
+    return subprocess.Popen(
+        [str(executable), *command[1:]],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _wait(process: subprocess.Popen, log: Path, ready, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.3)
+
+
+def _http_ok(url: str):
+    def ready() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    return ready
+
+
+def _with_port(command: list[str], flag: str, port: int) -> list[str]:
+    index = command.index(flag)
+    return [*command[: index + 1], str(port), *command[index + 2 :]]
+
+
+def test_every_container_command_starts_from_this_checkout(tmp_path):
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path),
+        "LENS_DATABASE_URL": f"sqlite:///{tmp_path / 'lens.db'}",
+        "LENS_SAFE_DATABASE_URL": f"sqlite:///{tmp_path / 'safe.db'}",
+        "LENS_CLUSTERS_FILE": str(tmp_path / "clusters.yaml"),
+    }
+    (tmp_path / "clusters.yaml").write_text(
+        by_kind("Secret")["lens-cluster-registry"]["stringData"]["clusters.yaml"]
+    )
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(by_kind("Secret")["lens-ingest-tokens"]["stringData"]["tokens.yaml"])
+
+    migrate = containers("lens-code-location")["migrate"]["command"]
+    done = subprocess.run([str(BIN / migrate[0]), *migrate[1:]], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+    processes: list[subprocess.Popen] = []
+    try:
+        api = containers("lens-api")["api"]["command"]
+        port = free_port()
+        processes.append(_start(_with_port(api, "--port", port), env, tmp_path / "api.log"))
+        _wait(processes[-1], tmp_path / "api.log", _http_ok(f"http://127.0.0.1:{port}/healthz"))
+
+        ingest = containers("lens-ingest")["ingest"]["command"]
+        grpc_port, http_port = free_port(), free_port()
+        ingest = _with_port(_with_port(ingest, "--grpc-port", grpc_port), "--http-port", http_port)
+        ingest = _with_port(ingest, "--tokens-file", tokens)  # type: ignore[arg-type]
+        processes.append(_start(ingest, env, tmp_path / "ingest.log"))
+        _wait(processes[-1], tmp_path / "ingest.log", _http_ok(f"http://127.0.0.1:{http_port}/healthz"))
+
+        location = containers("lens-code-location")["code-location"]
+        grpc = _with_port(location["command"], "--port", free_port())
+        grpc = _with_port(grpc, "--host", "127.0.0.1")  # type: ignore[arg-type]
+        probe = _with_port(location["readinessProbe"]["exec"]["command"], "--port", int(grpc[-1]))
+        processes.append(_start(grpc, env, tmp_path / "grpc.log"))
+        _wait(
+            processes[-1],
+            tmp_path / "grpc.log",
+            lambda: (
+                subprocess.run([str(BIN / probe[0]), *probe[1:]], env=env, capture_output=True).returncode
+                == 0
+            ),
+            timeout=120,
+        )
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in processes:
+            process.wait(timeout=30)
+
+    # The webserver and daemon need the cluster's code-location Service: their commands and flags exist.
+    for deployment, name in (("lens-dagster-webserver", "webserver"), ("lens-dagster-daemon", "daemon")):
+        command = containers(deployment)[name]["command"]
+        words = (
+            [w for w in command[1:] if not w.startswith("-")][:1] if command[0] == "dagster-daemon" else []
+        )
+        shown = subprocess.run(
+            [str(BIN / command[0]), *words, "--help"], env=env, capture_output=True, text=True
+        )
+        assert shown.returncode == 0, shown.stderr
+        for flag in (w for w in command if w.startswith("--")):
+            assert flag in shown.stdout, (deployment, flag)
+
+
+@pytest.mark.parametrize("path", ["Dockerfile"])
+def test_the_image_installs_the_deploy_extra_and_runs_the_code_location(path):
+    text = (DEPLOY / path).read_text()
+    assert "'.[deploy]'" in text and "lens_pipeline.definitions" in text
+    assert "COPY deploy/dagster.yaml deploy/workspace.yaml" in text
