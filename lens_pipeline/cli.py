@@ -135,6 +135,14 @@ def _ingest(args: argparse.Namespace) -> int:
         from lens_pipeline.ingest.workers import supervise
 
         return supervise(config, args.workers)
+    from lens_pipeline.ingest.workers import PortInUse, check_free
+
+    try:  # the same words as with workers, rather than gRPC's "Failed to bind" traceback
+        check_free(config.host, config.grpc_port, "gRPC")
+        check_free(config.host, config.http_port, "HTTP")
+    except PortInUse as exc:
+        print(f"lens ingest: {exc}", file=sys.stderr, flush=True)
+        return 1
     return serve_forever(config)
 
 

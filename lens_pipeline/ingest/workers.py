@@ -184,18 +184,23 @@ def listen(host: str, port: int, what: str) -> socket.socket:
     return sock
 
 
-def hold_port(host: str, port: int, what: str) -> socket.socket:
-    """Check that nothing listens on the port (a plain bind), then keep it bound with SO_REUSEPORT,
-    not listening: the workers can join it, other servers cannot take it."""
+def check_free(host: str, port: int, what: str) -> int:
+    """The port (chosen when 0), after a plain bind shows that no server has it; `PortInUse` if one does."""
     probe = socket.socket(_family(host))
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind((host, port))
-        port = probe.getsockname()[1]
+        return probe.getsockname()[1]
     except OSError as exc:
         raise PortInUse(f"{what} port {host}:{port} is in use ({exc.strerror})") from None
     finally:
         probe.close()
+
+
+def hold_port(host: str, port: int, what: str) -> socket.socket:
+    """Check that nothing listens on the port, then keep it bound with SO_REUSEPORT, not
+    listening: the workers can join it, other servers cannot take it."""
+    port = check_free(host, port, what)
     hold = socket.socket(_family(host))
     hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:

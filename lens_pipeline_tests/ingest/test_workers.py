@@ -193,14 +193,15 @@ def test_kill_9_of_a_worker_mid_stream_loses_no_acknowledged_event_and_it_is_res
     assert parent.returncode == 0 and not _workers_alive(parent)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("which", ["grpc", "http"])
-def test_a_port_in_use_is_a_clear_error(which, tmp_path):
+def test_a_port_in_use_is_a_clear_error(which, workers, tmp_path):
     with socket.socket() as other_server:  # listening, without SO_REUSEPORT
         other_server.bind(("127.0.0.1", 0))
         other_server.listen()
         taken = other_server.getsockname()[1]
         ports = {"grpc": free_port(), "http": free_port(), which: taken}
-        command = [str(Path(sys.executable).with_name("lens")), "ingest", "--workers", "2"]
+        command = [str(Path(sys.executable).with_name("lens")), "ingest", "--workers", str(workers)]
         command += ["--database-url", f"sqlite:///{tmp_path / 'lens.db'}", "--host", "127.0.0.1"]
         command += ["--grpc-port", str(ports["grpc"]), "--http-port", str(ports["http"])]
         run = subprocess.run(
