@@ -85,7 +85,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     try:
         _wait_healthy(grpc_port, server_output, args.workers)
-        server_cpu0 = _cpu_seconds(server.pid)
+        server_cpu0, machine_busy0 = _cpu_seconds(server.pid), _machine_busy_seconds()
+        database_cpu0, began = _postgres_cpu_seconds(), time.monotonic()
         command = [
             sys.executable,
             __file__,
@@ -105,6 +106,8 @@ def _run(args: argparse.Namespace) -> int:
         ]
         reports = [json.loads(c.communicate()[0]) for c in clients]
         server_cpu = _cpu_seconds(server.pid) - server_cpu0
+        machine_busy = _machine_busy_seconds() - machine_busy0
+        database_cpu, span = _postgres_cpu_seconds() - database_cpu0, time.monotonic() - began
         logged = _count_log(database_url)
     finally:
         server.terminate()
@@ -140,6 +143,10 @@ def _run(args: argparse.Namespace) -> int:
     client_cpu = sum(r["cpu_seconds"] for r in reports)
     total = args.seconds + args.warmup
     print(f"CPU: server {server_cpu:.1f} s, clients {client_cpu:.1f} s over {total:.0f} s wall")
+    print(
+        f"machine: {os.cpu_count()} cores busy {machine_busy:.1f} of {span * (os.cpu_count() or 1):.1f} core-seconds "
+        f"from server start to the end; local PostgreSQL processes {database_cpu:.1f} s (any database's)"
+    )
     per_event = server_cpu / acked * 1e6 if acked else float("nan")
     print(f"server CPU per acknowledged event: {per_event:.1f} µs ({args.workers} worker(s))")
     print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
@@ -291,6 +298,24 @@ def _cpu_seconds(pid: int) -> float:
 
     parent = psutil.Process(pid)
     return sum(sum(p.cpu_times()[:2]) for p in (parent, *parent.children(recursive=True)))
+
+
+def _machine_busy_seconds() -> float:
+    import psutil
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def _postgres_cpu_seconds() -> float:
+    """User + system CPU of the local PostgreSQL server's processes (0 without one)."""
+    import psutil
+
+    total = 0.0
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        if process.info["name"] == "postgres" and process.info["cpu_times"] is not None:
+            total += sum(process.info["cpu_times"][:2])
+    return total
 
 
 def _free_port() -> int:
