@@ -2,7 +2,7 @@
 
 Starts `python -m lens_pipeline.sim` in a subprocess with one cluster of 5,000 GPU nodes (8 GPUs
 each) and 150,000 pods, then, from this process, lists every pod through the official `kubernetes`
-client the way the pipeline reads (param_serialize + call_api, raw body, orjson; limit=500 and
+client the way the pipeline reads (`raw_get`: the client's request, raw body, orjson; limit=500 and
 continue tokens) and prints:
 
 - generation time (the simulator's own figure, and wall time from spawn to serving),
@@ -29,6 +29,8 @@ from pathlib import Path
 import orjson
 from kubernetes import config
 
+from lens_pipeline.kube.reader import raw_get
+
 
 def list_pods(api: object, page_size: int) -> tuple[int, int, float, float, set[str]]:
     """(pods, pages, seconds, seconds waiting for the simulator, uids) of one complete paged LIST."""
@@ -37,19 +39,11 @@ def list_pods(api: object, page_size: int) -> tuple[int, int, float, float, set[
     while True:
         asked = time.perf_counter()
         query = [("limit", page_size)] + ([("continue", token)] if token else [])
-        request = api.param_serialize(  # type: ignore[attr-defined]
-            method="GET",
-            resource_path="/api/v1/pods",
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        response = api.call_api(*request)  # type: ignore[attr-defined]
-        body = response.read()
+        status, body = raw_get(api, "/api/v1/pods", query, (10.0, 120.0))  # type: ignore[arg-type]
         waiting += time.perf_counter() - asked
         page = orjson.loads(body)
-        if response.status != 200:
-            raise RuntimeError(f"list failed: HTTP {response.status}: {page}")
+        if status != 200:
+            raise RuntimeError(f"list failed: HTTP {status}: {page}")
         pages += 1
         pods += len(page["items"])
         uids.update(item["metadata"]["uid"] for item in page["items"])

@@ -207,27 +207,55 @@ class KubeReader:
             self.stats.requests += 1
             self.stats.by_path[path] = self.stats.by_path.get(path, 0) + 1
             try:
-                request = self.api.param_serialize(
-                    method="GET",
-                    resource_path=path,
-                    query_params=query,
-                    header_params={"Accept": "application/json"},
-                    auth_settings=["BearerToken"],
-                )
-                response = self.api.call_api(*request, _request_timeout=timeout)
-                body = response.read()
+                status, body = raw_get(self.api, path, query, timeout)
             except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
                 last_error = f"{type(exc).__name__}: {_first_line(exc)}"
                 continue
-            if response.status in TRANSIENT_STATUSES:
-                last_error = f"HTTP {response.status}: {_status_message(body)}"
+            if status in TRANSIENT_STATUSES:
+                last_error = f"HTTP {status}: {_status_message(body)}"
                 continue
-            return response.status, body
+            return status, body
         raise KubeError(
             self.cluster.name,
             path,
             f"gave up after {self.max_retries + 1} attempts; last error: {last_error}",
         )
+
+
+def raw_get(
+    api: k8s_client.ApiClient, path: str, query: list[tuple[str, Any]], timeout: tuple[float, float]
+) -> tuple[int, bytes]:
+    """(status, body) of a GET through the client's configuration (auth, TLS, proxy), undecoded.
+
+    kubernetes >= 37 serializes the request first and answers every status; before (what
+    dagster-k8s pins for the deploy image), `call_api` raises on a status outside 2xx."""
+    headers = {"Accept": "application/json"}
+    if hasattr(api, "param_serialize"):
+        request = api.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=query,
+            header_params=headers,
+            auth_settings=["BearerToken"],
+        )
+        response = api.call_api(*request, _request_timeout=timeout)
+        return response.status, response.read()
+    try:
+        response = api.call_api(
+            path,
+            "GET",
+            query_params=query,
+            header_params=headers,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+    except k8s_client.ApiException as exc:
+        if not exc.status:
+            raise
+        body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
+        return exc.status, body
+    return response.status, response.data
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 from sqlalchemy import select
 
 from lens_pipeline.defs import resources
-from lens_pipeline.defs.collectors.schedules import collect_every_minute, unproven_clusters
+from lens_pipeline.defs.collectors.schedules import collect_every_minute, failing_clusters
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import (
     ClusterRegistryResource,
@@ -91,7 +91,7 @@ def test_a_batch_collects_every_healthy_cluster_and_isolates_a_broken_one(tmp_pa
         assert "not computed: gpu_nodes" in views.metadata["not_computed"].value["broken"]
 
         # The next tick runs the broken cluster alone and the others together.
-        assert unproven_clusters(instance, order) == {"broken"}
+        assert failing_clusters(instance, order) == {"broken"}
         tick = datetime(2026, 11, 22, 10, 7, tzinfo=UTC)
         requests = collect_every_minute(
             build_schedule_context(instance=instance, scheduled_execution_time=tick)

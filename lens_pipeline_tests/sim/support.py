@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes import client, config
 
+from lens_pipeline.kube.reader import raw_get
 from lens_pipeline.sim import SimServer
 
 # Every served collection: (resource path below the base URL, kind of its items).
@@ -89,13 +90,9 @@ def list_raw(api: client.ApiClient, path: str, limit: int = 500) -> tuple[list[d
     token, pages = None, 0
     while True:
         query: list[tuple[str, Any]] = [("limit", limit)] + ([("continue", token)] if token else [])
-        request = api.param_serialize(
-            method="GET", resource_path=path, query_params=query, header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )  # fmt: skip
-        response = api.call_api(*request)
-        page = json.loads(response.read())
-        assert response.status == 200, page
+        status, body = raw_get(api, path, query, (10.0, 60.0))
+        page = json.loads(body)
+        assert status == 200, page
         pages += 1
         items += page["items"]
         token = page["metadata"].get("continue")
@@ -151,3 +148,9 @@ def owner_walk(objects: dict[str, list[dict[str, Any]]]) -> dict[str, list[str] 
             current = owner
         chains[metadata["uid"]] = chain
     return chains
+
+
+def continue_token(metadata: Any) -> str | None:
+    """A list's continue token from the official client's model (`var_continue` since kubernetes 37,
+    `_continue` before)."""
+    return getattr(metadata, "var_continue", None) or getattr(metadata, "_continue", None)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from lens_pipeline.kube.reader import raw_get
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer, write_registry
 from lens_pipeline_tests.sim.support import (
     COLLECTIONS,
@@ -246,10 +247,8 @@ def test_lens_sim_churns_in_the_background(tmp_path) -> None:
         api = api_client(registry, "sim-amd-0")
         versions = []
         for _ in range(2):
-            versions.append(int(json.loads(api.call_api(*api.param_serialize(
-                method="GET", resource_path="/api/v1/pods", query_params=[("limit", 1)],
-                auth_settings=["BearerToken"]
-            )).read())["metadata"]["resourceVersion"]))  # fmt: skip
+            _status, body = raw_get(api, "/api/v1/pods", [("limit", 1)], (10.0, 60.0))
+            versions.append(int(json.loads(body)["metadata"]["resourceVersion"]))
             time.sleep(0.6)
         assert versions[1] > versions[0]
     finally:

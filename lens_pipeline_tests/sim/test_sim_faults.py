@@ -13,7 +13,15 @@ import urllib3
 from kubernetes import client
 
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer, write_registry
-from lens_pipeline_tests.sim.support import api_client, control, http, list_raw, owner_walk, truth
+from lens_pipeline_tests.sim.support import (
+    api_client,
+    continue_token,
+    control,
+    http,
+    list_raw,
+    owner_walk,
+    truth,
+)
 
 SEED = 5
 
@@ -87,10 +95,10 @@ def test_the_next_continue_answers_410_once(sim) -> None:
     page = core.list_pod_for_all_namespaces(limit=4)
     cluster.expire_next_continue()
     with pytest.raises(client.ApiException) as raised:
-        core.list_pod_for_all_namespaces(limit=4, _continue=page.metadata.var_continue)
+        core.list_pod_for_all_namespaces(limit=4, _continue=continue_token(page.metadata))
     assert raised.value.status == 410
     assert json.loads(raised.value.body)["reason"] == "Expired"
-    again = core.list_pod_for_all_namespaces(limit=4, _continue=page.metadata.var_continue)
+    again = core.list_pod_for_all_namespaces(limit=4, _continue=continue_token(page.metadata))
     assert again.items  # one-shot: the same token works once the fault is spent
 
 

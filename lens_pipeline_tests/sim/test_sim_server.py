@@ -19,7 +19,7 @@ from kubernetes import client, config
 from prometheus_api_client import PrometheusConnect
 
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer, promql, write_registry
-from lens_pipeline_tests.sim.support import http
+from lens_pipeline_tests.sim.support import continue_token, http
 
 SEED = 11
 
@@ -110,7 +110,7 @@ def test_typed_models_of_the_official_client_accept_the_objects(served) -> None:
     first = core.list_node(limit=5)
     assert len(first.items) == 5
     assert first.metadata.remaining_item_count == len(fleet.cluster("sim-nvidia-1").truth_inputs()[0]) - 5
-    rest = core.list_node(limit=100, _continue=first.metadata.var_continue)
+    rest = core.list_node(limit=100, _continue=continue_token(first.metadata))
     gpu_nodes = [n for n in first.items + rest.items if "nvidia.com/gpu" in (n.status.capacity or {})]
     assert len(gpu_nodes) == 12
     assert {n.status.capacity["nvidia.com/gpu"] for n in gpu_nodes} == {"8"}
@@ -142,7 +142,7 @@ def test_continued_pages_come_from_the_snapshot_of_the_first_page(mutable) -> No
 def test_expired_continue_token_answers_410(mutable) -> None:
     cluster, _, registry = mutable
     core = _core(registry, cluster.name)
-    token = core.list_node(limit=2).metadata.var_continue
+    token = continue_token(core.list_node(limit=2).metadata)
     cluster.expire_continue_tokens()
     with pytest.raises(client.ApiException) as raised:
         core.list_node(limit=2, _continue=token)

@@ -2,9 +2,8 @@
 
 A batch is a range of cluster partitions in one run (`lens_pipeline.defs.cluster_assets`), so the
 seconds a run costs before it does any work are paid once per batch. A cluster whose last
-collection failed, or that is new, runs alone, so a broken cluster never delays the others (and a
-new one does not before it has proved itself); a cluster some run is still queued for or working on
-is left out of this minute's requests.
+collection failed runs alone (retried with backoff), so a broken cluster delays its batch at most
+once; a cluster some run is still queued for or working on is left out of this minute's requests.
 """
 
 from collections.abc import Sequence
@@ -37,14 +36,14 @@ collect_cluster_job = define_asset_job(
 )
 
 
-def unproven_clusters(instance: DagsterInstance, clusters: Sequence[str]) -> set[str]:
+def failing_clusters(instance: DagsterInstance, clusters: Sequence[str]) -> set[str]:
     """Clusters whose latest attempt at `gpu_nodes` did not materialize it (a failure, or a run
-    still going), and clusters never materialized."""
-    key = AssetKey("gpu_nodes")
+    still going: those are busy anyway)."""
     storage = instance.event_log_storage
-    failed = storage.get_latest_asset_partition_materialization_attempts_without_materializations(key)
-    materialized = storage.get_materialized_partitions(key)
-    return {c for c in clusters if c in failed or c not in materialized}
+    failed = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
+        AssetKey("gpu_nodes")
+    )
+    return {c for c in clusters if c in failed}
 
 
 def collection_requests(
@@ -95,15 +94,15 @@ def collection_requests(
     job=collect_cluster_job,
     default_status=DefaultScheduleStatus.RUNNING,
     description="Each registered cluster's collectors, once a minute: healthy clusters in batches of "
-    f"${settings.LENS_CLUSTERS_PER_RUN} (default {settings.DEFAULT_CLUSTERS_PER_RUN}), failing and new "
-    "ones alone.",
+    f"${settings.LENS_CLUSTERS_PER_RUN} (default {settings.DEFAULT_CLUSTERS_PER_RUN}), failing ones "
+    "alone.",
 )
 def collect_every_minute(context: ScheduleEvaluationContext) -> list[RunRequest] | SkipReason:
     clusters = context.instance.get_dynamic_partitions(CLUSTER_PARTITIONS_NAME)
     if not clusters:
         return SkipReason("no cluster partitions yet: cluster_registry_sensor adds them from the registry")
     busy = clusters_in_runs(context.instance, job_names={JOB_NAME}, asset_keys=ASSET_KEYS)
-    alone = unproven_clusters(context.instance, clusters) - busy
+    alone = failing_clusters(context.instance, clusters) - busy
     tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "manual"
     requests = collection_requests(
         clusters, busy=busy, alone=alone, batch_size=settings.clusters_per_run(), tick=tick
