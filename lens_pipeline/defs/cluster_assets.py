@@ -153,7 +153,9 @@ def cluster_assets(
     for failure in failures:
         failed_by_part[failure.part][failure.cluster] = failure.error
     for key in context.selected_asset_check_keys:
-        yield merged_check(key, checks.get(key, []), failed_by_part.get(key.asset_key.path[-1], {}))
+        results, failed = checks.get(key, []), failed_by_part.get(key.asset_key.path[-1], {})
+        if results or failed:  # nothing to say when every cluster was left to other runs
+            yield merged_check(key, results, failed)
     if failures and (len(names) == 1 or materialized == 0):
         raise Failure(
             description=f"{len(failures)} asset(s) of {len(names)} cluster(s) failed: "

@@ -28,7 +28,9 @@ def materialize_cluster(assets: list[str] | None = None, **kwargs):
 
 def materializations(result, asset: str) -> list:
     """The materializations of one asset in a run of the cluster assets."""
-    return [e for e in result.asset_materializations_for_node("cluster_assets") if e.asset_key.path == [asset]]
+    return [
+        e for e in result.asset_materializations_for_node("cluster_assets") if e.asset_key.path == [asset]
+    ]
 
 
 def statistics_config(config: dict) -> dict:
