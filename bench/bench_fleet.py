@@ -87,6 +87,12 @@ def main() -> int:
     parser.add_argument(
         "--settle-minutes", type=float, default=6, help="longest wait for the first full round"
     )
+    parser.add_argument(
+        "--clusters-per-run",
+        type=int,
+        default=None,
+        help="healthy clusters per scheduled run ($LENS_CLUSTERS_PER_RUN; 1: one run per cluster)",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,8 +102,12 @@ def main() -> int:
         command += ["--port", str(free_port()), "--api-port", "0", "--ingest-port", "0"]
         command += ["--state-dir", str(state), "--churn", "20"]
         started = time.monotonic()
+        env = dict(os.environ)
+        if args.clusters_per_run is not None:
+            env["LENS_CLUSTERS_PER_RUN"] = str(args.clusters_per_run)
+        print(f"clusters per run: {env.get('LENS_CLUSTERS_PER_RUN', 'default')}", flush=True)
         demo = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
         )
         lens_db, home = state / "lens.db", state / "dagster_home"
         try:
@@ -135,6 +145,7 @@ def main() -> int:
                     cpu[name].append(by_role_cpu[name])
                     rss[name].append(by_role_rss[name])
             runs = _finished_runs(home) - runs_before
+            durations, failed = _run_seconds(home, runs_before)
             grown, db_grown = tree_size(home) - size_before, _db_size(lens_db) - db_before
         finally:
             os.killpg(demo.pid, signal.SIGINT)
@@ -156,6 +167,11 @@ def main() -> int:
         )
     for command in sorted(others)[:5]:
         print(f"  (other: {command})")
+    if durations:
+        print(
+            f"run wall time (start to end): p50 {percentile(durations, 50):.1f} s, "
+            f"max {max(durations):.1f} s; failed runs {failed}"
+        )
     per_run = grown / runs if runs else 0.0
     per_cluster_day = per_run * 1440 * (runs / (args.clusters * args.minutes)) if runs else 0.0
     print(
@@ -179,6 +195,19 @@ def _finished_runs(home: Path) -> int:
             ).fetchone()[0]
     except sqlite3.Error:
         return 0
+
+
+def _run_seconds(home: Path, skip: int) -> tuple[list[float], int]:
+    """Start-to-end seconds of the finished runs after the first `skip`, and how many failed."""
+    try:
+        with sqlite3.connect(f"file:{home / 'history' / 'runs.db'}?mode=ro", uri=True, timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT end_time - start_time, status FROM runs WHERE status IN ('SUCCESS', 'FAILURE', "
+                "'CANCELED') AND start_time IS NOT NULL AND end_time IS NOT NULL ORDER BY id"
+            ).fetchall()[skip:]
+    except sqlite3.Error:
+        return [], 0
+    return [r[0] for r in rows], sum(r[1] != "SUCCESS" for r in rows)
 
 
 if __name__ == "__main__":
