@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         server_cpu = _cpu_seconds(server.pid) - server_cpu0
         machine_busy = _machine_busy_seconds() - machine_busy0
         database_cpu, span = _postgres_cpu_seconds() - database_cpu0, time.monotonic() - began
-        logged = _count_log(database_url)
+        logged, segments = _count_log(database_url)
     finally:
         server.terminate()
         server.wait(60)
@@ -140,6 +140,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     print(f"send->ack latency: p50 {pct(0.50):.1f} ms, p99 {pct(0.99):.1f} ms, max {pct(1.0):.1f} ms")
     print(f"acknowledged {acked:,} events; event log holds {logged:,} rows (must be >= acknowledged)")
+    print(f"group commits: {segments:,} segments, {logged / max(segments, 1):,.0f} events each on average")
     client_cpu = sum(r["cpu_seconds"] for r in reports)
     total = args.seconds + args.warmup
     print(f"CPU: server {server_cpu:.1f} s, clients {client_cpu:.1f} s over {total:.0f} s wall")
@@ -262,16 +263,20 @@ def _fresh_database(url: str | None):
     return make_url(url).set(database=name).render_as_string(hide_password=False), drop
 
 
-def _count_log(url: str) -> int:
-    from sqlalchemy import create_engine
+def _count_log(url: str) -> tuple[int, int]:
+    """Events in the log, and its segments (one per group commit here: one cluster, rounds of
+    fewer than 5,000 events)."""
+    from sqlalchemy import create_engine, func, select
 
     from lens_pipeline.store.event_log import count_events
+    from lens_pipeline.store.schema import container_event_segment
 
     engine = create_engine(url)
     with engine.connect() as conn:
         count = count_events(conn)
+        segments = int(conn.scalar(select(func.count()).select_from(container_event_segment)) or 0)
     engine.dispose()
-    return count
+    return count, segments
 
 
 def _wait_healthy(port: int, output, workers: int) -> None:
