@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -68,23 +69,25 @@ def _metrics(http_port: int) -> dict[str, float]:
     return dict(sums)
 
 
-def _stop(parent: subprocess.Popen) -> None:
+def _stop(parent: subprocess.Popen, sig: signal.Signals = signal.SIGTERM) -> None:
     if parent.poll() is None:
-        parent.send_signal(signal.SIGTERM)
+        parent.send_signal(sig)
         parent.wait(30)
 
 
-def _metrics_dirs() -> set[str]:
-    return {p.name for p in Path(os.environ.get("TMPDIR", "/tmp")).glob("lens-ingest-metrics-*")}
+def _metrics_dirs(parent: subprocess.Popen) -> list[Path]:
+    """The supervisor's prometheus_client multiprocess directory (named after its pid)."""
+    return list(Path(tempfile.gettempdir()).glob(f"lens-ingest-metrics-{parent.pid}-*"))
 
 
 @on_sqlite_and_postgresql
 def test_two_workers_share_the_port_log_each_event_once_and_sum_their_metrics(lens_url, tmp_path):
     grpc_port, http_port = free_port(), free_port()
-    before = _metrics_dirs()
     parent = start_lens_ingest(lens_url, grpc_port, http_port, tmp_path / "ingest.log", workers=2)
     try:
-        assert len(_workers(parent)) == 2
+        assert len(_workers(parent)) == 2 and len(_metrics_dirs(parent)) == 1
+        # In the supervisor's process group: a Ctrl-C or a group kill reaches them too.
+        assert {os.getpgid(worker.pid) for worker in _workers(parent)} == {os.getpgid(parent.pid)}
         hold = threading.Event()
         results: list[agent.StreamResult] = []
 
@@ -132,7 +135,7 @@ def test_two_workers_share_the_port_log_each_event_once_and_sum_their_metrics(le
         _stop(parent)
     assert parent.returncode == 0
     assert not _workers_alive(parent)
-    assert _metrics_dirs() <= before  # its metrics directory is gone
+    assert _metrics_dirs(parent) == []  # its metrics directory is gone
 
 
 def _workers_alive(parent: subprocess.Popen) -> list[int]:
@@ -189,7 +192,7 @@ def test_kill_9_of_a_worker_mid_stream_loses_no_acknowledged_event_and_it_is_res
         assert killed not in [worker.pid for worker in _workers(parent)]
         assert f"(pid {killed}) was killed by SIGKILL; restarting it" in server_log.read_text()
     finally:
-        _stop(parent)
+        _stop(parent, signal.SIGINT)  # Ctrl-C stops them as SIGTERM does
     assert parent.returncode == 0 and not _workers_alive(parent)
 
 
