@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     print(f"send->ack latency: p50 {pct(0.50):.1f} ms, p99 {pct(0.99):.1f} ms, max {pct(1.0):.1f} ms")
     print(f"acknowledged {acked:,} events; event log holds {logged:,} rows (must be >= acknowledged)")
-    print(f"group commits: {segments:,} segments, {logged / max(segments, 1):,.0f} events each on average")
+    print(f"log segments: {segments:,}, {logged / max(segments, 1):,.0f} events each on average")
     client_cpu = sum(r["cpu_seconds"] for r in reports)
     total = args.seconds + args.warmup
     print(f"CPU: server {server_cpu:.1f} s, clients {client_cpu:.1f} s over {total:.0f} s wall")
@@ -264,8 +264,8 @@ def _fresh_database(url: str | None):
 
 
 def _count_log(url: str) -> tuple[int, int]:
-    """Events in the log, and its segments (one per group commit here: one cluster, rounds of
-    fewer than 5,000 events)."""
+    """Events in the log, and its segments (one per group commit and cluster; a round over 5,000
+    events or 8 MB is cut into several)."""
     from sqlalchemy import create_engine, func, select
 
     from lens_pipeline.store.event_log import count_events
