@@ -170,15 +170,21 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def listen(host: str, port: int, what: str) -> socket.socket:
-    """A listening socket for the workers to share; `PortInUse` when something else has the port."""
+def _bound(host: str, port: int, what: str, option: int) -> socket.socket:
+    """A socket with `option` set, bound to the port; `PortInUse` when something else has it."""
     sock = socket.socket(_family(host))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, option, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
         raise PortInUse(f"{what} port {host}:{port} is in use ({exc.strerror})") from None
+    return sock
+
+
+def listen(host: str, port: int, what: str) -> socket.socket:
+    """A listening socket for the workers to share; `PortInUse` when something else has the port."""
+    sock = _bound(host, port, what, socket.SO_REUSEADDR)
     sock.listen(1024)
     sock.set_inheritable(True)
     return sock
@@ -186,13 +192,9 @@ def listen(host: str, port: int, what: str) -> socket.socket:
 
 def check_free(host: str, port: int, what: str) -> int:
     """The port (chosen when 0), after a plain bind shows that no server has it; `PortInUse` if one does."""
-    probe = socket.socket(_family(host))
-    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    probe = _bound(host, port, what, socket.SO_REUSEADDR)
     try:
-        probe.bind((host, port))
         return probe.getsockname()[1]
-    except OSError as exc:
-        raise PortInUse(f"{what} port {host}:{port} is in use ({exc.strerror})") from None
     finally:
         probe.close()
 
@@ -200,15 +202,7 @@ def check_free(host: str, port: int, what: str) -> int:
 def hold_port(host: str, port: int, what: str) -> socket.socket:
     """Check that nothing listens on the port, then keep it bound with SO_REUSEPORT, not
     listening: the workers can join it, other servers cannot take it."""
-    port = check_free(host, port, what)
-    hold = socket.socket(_family(host))
-    hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        hold.bind((host, port))
-    except OSError as exc:
-        hold.close()
-        raise PortInUse(f"{what} port {host}:{port} is in use ({exc.strerror})") from None
-    return hold
+    return _bound(host, check_free(host, port, what), what, socket.SO_REUSEPORT)
 
 
 def fresh_metrics_dir() -> str:

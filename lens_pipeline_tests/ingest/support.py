@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -101,3 +102,29 @@ def gpu_container(index: int, status: str, *, vendor: str = "amd", gpus: int = 2
 
 def container_id(index: int) -> str:
     return f"{index:064x}"
+
+
+def stream_and_kill(grpc_port: int, events: list[bytes], kill_at: int, kill: Callable[[], None]) -> int:
+    """Stream `events` on one connection and call `kill` (a SIGKILL of the server holding it) just
+    before event `kill_at`, once some acknowledgement came back; the highest sequence acknowledged."""
+    acked = 0
+    some_acked = threading.Event()
+
+    def send() -> Iterator[bytes]:
+        for index, raw in enumerate(events):
+            if index == kill_at:
+                some_acked.wait(30)
+                kill()  # mid-stream, acknowledgements in flight
+            yield raw
+
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+        call = ch.stream_stream(agent.K8S_METHOD, request_serializer=None, response_deserializer=None)
+        try:
+            for raw in call(send(), timeout=60):
+                reply = agent.read_reply(raw)
+                if reply.type == "ack":
+                    acked = max(acked, reply.sequence)
+                    some_acked.set()
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+    return acked

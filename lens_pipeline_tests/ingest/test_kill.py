@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections import Counter
 
 import grpc
@@ -17,6 +16,7 @@ from lens_pipeline_tests.ingest.support import (
     gpu_container,
     logged,
     start_lens_ingest,
+    stream_and_kill,
 )
 
 EVENTS = 3000
@@ -35,27 +35,8 @@ def test_kill_9_mid_stream_loses_no_acknowledged_event(lens_url, tmp_path):
     grpc_port, http_port = free_port(), free_port()
     server_log = tmp_path / "ingest.log"
     server = start_lens_ingest(lens_url, grpc_port, http_port, server_log)
-    acked = 0
-    some_acked = threading.Event()
-
-    def send():
-        for index, raw in enumerate(events):
-            if index == KILL_AT:
-                some_acked.wait(30)
-                os.kill(server.pid, signal.SIGKILL)  # mid-stream, acknowledgements in flight
-            yield raw
-
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
-            call = ch.stream_stream(agent.K8S_METHOD, request_serializer=None, response_deserializer=None)
-            try:
-                for raw in call(send(), timeout=60):
-                    reply = agent.read_reply(raw)
-                    if reply.type == "ack":
-                        acked = max(acked, reply.sequence)
-                        some_acked.set()
-            except grpc.RpcError as exc:
-                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+        acked = stream_and_kill(grpc_port, events, KILL_AT, lambda: os.kill(server.pid, signal.SIGKILL))
         assert server.wait(10) == -signal.SIGKILL
         assert 0 < acked <= KILL_AT
         logged = dict(_logged(lens_url))

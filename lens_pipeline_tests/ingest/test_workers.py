@@ -28,6 +28,7 @@ from lens_pipeline_tests.ingest.support import (
     gpu_container,
     logged,
     start_lens_ingest,
+    stream_and_kill,
 )
 
 # On SQLite and PostgreSQL: each worker is a log writer of its own.
@@ -149,29 +150,15 @@ def test_kill_9_of_a_worker_mid_stream_loses_no_acknowledged_event_and_it_is_res
     grpc_port, http_port = free_port(), free_port()
     server_log = tmp_path / "ingest.log"
     parent = start_lens_ingest(lens_url, grpc_port, http_port, server_log, workers=2)
-    acked, killed = 0, None
-    some_acked = threading.Event()
+    killed = None
 
-    def send():
+    def kill() -> None:
         nonlocal killed
-        for index, raw in enumerate(events):
-            if index == kill_at:
-                some_acked.wait(30)
-                (killed,) = [pid for pid, n in _streams_per_worker(parent, grpc_port).items() if n]
-                os.kill(killed, signal.SIGKILL)  # the worker holding this stream, acks in flight
-            yield raw
+        (killed,) = [pid for pid, n in _streams_per_worker(parent, grpc_port).items() if n]
+        os.kill(killed, signal.SIGKILL)  # the worker holding this stream
 
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
-            call = ch.stream_stream(agent.K8S_METHOD, request_serializer=None, response_deserializer=None)
-            try:
-                for raw in call(send(), timeout=60):
-                    reply = agent.read_reply(raw)
-                    if reply.type == "ack":
-                        acked = max(acked, reply.sequence)
-                        some_acked.set()
-            except grpc.RpcError as exc:
-                assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
+        acked = stream_and_kill(grpc_port, events, kill_at, kill)
         assert killed is not None and 0 < acked <= kill_at
         counts = Counter(event.container_id for event in logged(lens_url))
         assert all(counts[container_id(i)] == 1 for i in range(acked)) and set(counts.values()) == {1}
