@@ -14,7 +14,9 @@ from lens_pipeline.store.migrate import current_revision, head_revision
 def test_lens_db_upgrade_creates_both_databases_from_the_environment(tmp_path):
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "LENS_DATABASE_URL": "", "LENS_SAFE_DATABASE_URL": ""}
     lens = Path(sys.executable).with_name("lens")
-    result = subprocess.run([str(lens), "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(lens), "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "lens.db").exists() and (tmp_path / "safe.db").exists()
     for database in ("lens", "safe"):
@@ -74,9 +76,10 @@ def test_lens_api_serves_the_database_of_the_environment(tmp_path):
         assert server.wait(timeout=30) in (0, -15)
 
 
-def test_dagster_asset_materialize_one_cluster_from_the_shell(tmp_path):
+def test_dagster_asset_materialize_and_job_backfill_from_the_shell(tmp_path):
     """`dagster asset materialize` from the shell, on an instance that knows the partitions: the
-    collectors and views of one cluster partition, then of a range of clusters in one run."""
+    collectors and views of one cluster partition, then of a range of clusters in one run; then
+    `dagster job backfill` of chosen clusters."""
     from dagster import DagsterInstance
     from sqlalchemy import select
 
@@ -126,6 +129,24 @@ def test_dagster_asset_materialize_one_cluster_from_the_shell(tmp_path):
         with DagsterInstance.from_config(str(home)) as instance:
             runs = instance.get_runs()
         assert len(runs) == 2 and runs[0].tags["dagster/asset_partition_range_end"] == names[2]
+
+        # `dagster job backfill` of chosen clusters: one queued run per cluster, for the daemon.
+        backfill = [
+            str(dagster),
+            "job",
+            "backfill",
+            "-m",
+            "lens_pipeline.definitions",
+            "-j",
+            "collect_cluster",
+        ]
+        backfill += ["--partitions", f"{names[0]},{names[2]}", "--noprompt"]
+        result = subprocess.run(backfill, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0 and "Launched backfill" in result.stdout, result.stderr[-3000:]
+        with DagsterInstance.from_config(str(home)) as instance:
+            queued = [r for r in instance.get_runs() if "dagster/backfill" in r.tags]
+        assert sorted(r.tags["dagster/partition"] for r in queued) == [names[0], names[2]]
+        assert {r.job_name for r in queued} == {"collect_cluster"}
     with get_engine(lens_url).connect() as conn:
         rows = conn.execute(select(cluster_overview_cache.c.cluster_name)).all()
     assert sorted(r[0] for r in rows) == sorted(names)
