@@ -65,15 +65,24 @@ def _partitions(instance):
     return sorted(instance.get_dynamic_partitions(CLUSTER_PARTITIONS_NAME))
 
 
-def test_sensor_adds_new_clusters_and_removes_gone_ones(instance, tmp_path):
+def test_sensor_adds_new_clusters_with_a_first_run_and_removes_gone_ones(instance, tmp_path):
     path = _write_registry(tmp_path, ["east", "west"])
-    assert isinstance(_tick(instance, path), SensorResult)
+    result = _tick(instance, path)
+    assert isinstance(result, SensorResult)
     assert _partitions(instance) == ["east", "west"]
+    # The new clusters' first collection, without waiting for the schedule: one batch run.
+    (first,) = result.run_requests
+    assert (first.tags[ASSET_PARTITION_RANGE_START_TAG], first.tags[ASSET_PARTITION_RANGE_END_TAG]) == (
+        "east",
+        "west",
+    )
+    assert result.cursor == "1"
     assert isinstance(_tick(instance, path), SkipReason)  # nothing changed
 
     _write_registry(tmp_path, ["west", "north"])
-    _tick(instance, path)
+    result = _tick(instance, path)
     assert _partitions(instance) == ["north", "west"]
+    assert [r.partition_key for r in result.run_requests] == ["north"]
 
 
 def test_a_cluster_with_a_run_in_flight_is_removed_only_after_it_ends(instance, tmp_path):

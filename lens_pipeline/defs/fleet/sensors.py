@@ -1,5 +1,6 @@
-"""`cluster_registry_sensor`: adds a partition for every new cluster in the registry and removes the
-partitions of clusters that left it, but only when no run of theirs is in flight."""
+"""`cluster_registry_sensor`: adds a partition for every new cluster in the registry, with a first
+collection run for the new ones (they need not wait for the schedule's next minute), and removes
+the partitions of clusters that left it, but only when no run of theirs is in flight."""
 
 from dagster import (
     DefaultSensorStatus,
@@ -10,11 +11,14 @@ from dagster import (
     sensor,
 )
 
+from lens_pipeline import settings
+from lens_pipeline.defs.collectors.schedules import collect_cluster_job, collection_requests
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, cluster_partitions, clusters_in_runs
 from lens_pipeline.defs.resources import ClusterRegistryResource
 
 
 @sensor(
+    job=collect_cluster_job,
     minimum_interval_seconds=30,
     default_status=DefaultSensorStatus.RUNNING,
     description="Keeps the `cluster` partitions equal to the cluster registry.",
@@ -43,7 +47,12 @@ def cluster_registry_sensor(
     if removed:
         requests.append(cluster_partitions.build_delete_request(removed))
     context.log.info(f"cluster partitions: added {added}, removed {removed}")
-    return SensorResult(dynamic_partitions_requests=requests)
+    # The new partitions come last, in this order: their first collection, in batches.
+    ticks = int(context.cursor or 0) + 1
+    first_runs = collection_requests(
+        added, busy=set(), alone=set(), batch_size=settings.clusters_per_run(), tick=f"registered-{ticks}"
+    )
+    return SensorResult(dynamic_partitions_requests=requests, run_requests=first_runs, cursor=str(ticks))
 
 
 defs = Definitions(sensors=[cluster_registry_sensor])
