@@ -112,6 +112,9 @@ class KubeReader:
         self.backoff_seconds = backoff_seconds
         self.stats = ListStats()
         self._api: k8s_client.ApiClient | None = None
+        # Set when the API could not be reached at all: later requests of this reader fail at
+        # once instead of waiting out the same timeouts again.
+        self._unreachable: str | None = None
 
     @property
     def api(self) -> k8s_client.ApiClient:
@@ -198,8 +201,12 @@ class KubeReader:
         return _parse(self.cluster.name, path, body)
 
     def _get(self, path: str, query: list[tuple[str, Any]]) -> tuple[int, bytes]:
+        if self._unreachable is not None:
+            raise KubeError(
+                self.cluster.name, path, f"not tried: the API was unreachable ({self._unreachable})"
+            )
         timeout = (min(5.0, self.cluster.request_timeout_seconds), self.cluster.request_timeout_seconds)
-        last_error = ""
+        last_error, reached = "", False
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self.stats.retries += 1
@@ -211,10 +218,13 @@ class KubeReader:
             except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
                 last_error = f"{type(exc).__name__}: {_first_line(exc)}"
                 continue
+            reached = True
             if status in TRANSIENT_STATUSES:
                 last_error = f"HTTP {status}: {_status_message(body)}"
                 continue
             return status, body
+        if not reached:
+            self._unreachable = f"GET {path}: {last_error}"
         raise KubeError(
             self.cluster.name,
             path,

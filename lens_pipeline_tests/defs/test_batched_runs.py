@@ -87,6 +87,9 @@ def test_a_batch_collects_every_healthy_cluster_and_isolates_a_broken_one(tmp_pa
         assert evaluation.metadata["clusters_checked"].value == 3
         not_computed = evaluation.metadata["not_computed"].value
         assert list(not_computed) == ["broken"] and "Connection refused" in not_computed["broken"]
+        # Once the API proved unreachable, the cluster's other collectors do not wait out its timeouts.
+        storage = _check(result, "storage_backends", "every_backend_readable")
+        assert "not tried: the API was unreachable" in storage.metadata["not_computed"].value["broken"]
         views = _check(result, "cluster_overview_cache", "every_healthy_node_in_one_bucket")
         assert "not computed: gpu_nodes" in views.metadata["not_computed"].value["broken"]
 
