@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Join, Table, and_, func, select
+from sqlalchemy import Connection, Join, Table, and_, func, select, text
 
 from lens_pipeline.store.schema import (
     gpu_consumers,
@@ -96,6 +96,26 @@ def statistics_cursor(conn: Connection, cluster_name: str) -> datetime | None:
             workload_statistic.c.cluster_name == cluster_name
         )
     )
+
+
+def claim_statistics_window(conn: Connection, cluster_name: str, cursor: datetime | None) -> bool:
+    """Inside the write transaction: serialize the cluster's statistics writers and tell whether the
+    cursor is still the one this run read (else another run already added the window: writing it
+    again would count it twice). SQLite's write transactions are exclusive already; PostgreSQL takes
+    a transaction-scoped advisory lock per cluster; MySQL/MariaDB lock the cluster's rows (and the
+    index gap where there are none yet) until commit."""
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"lens-statistics:{cluster_name}"}
+        )
+    elif dialect in ("mysql", "mariadb"):
+        conn.execute(
+            select(workload_statistic.c.id)
+            .where(workload_statistic.c.cluster_name == cluster_name)
+            .with_for_update()
+        ).all()
+    return statistics_cursor(conn, cluster_name) == cursor
 
 
 def ended_workload_status(conn: Connection, cluster_name: str, uids: Iterable[str]) -> dict[str, Row]:

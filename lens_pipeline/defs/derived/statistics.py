@@ -34,6 +34,7 @@ from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.statistics import (
     ACTIVE,
     active_workloads,
+    claim_statistics_window,
     ended_workload_status,
     running_pods_by_workload,
     statistics_cursor,
@@ -194,7 +195,11 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
                 }
             )
     with write_transaction(engine) as conn:
-        write_statistics(conn, rows, hourly)
+        claimed = claim_statistics_window(conn, cluster.name, cursor)
+        if claimed:
+            write_statistics(conn, rows, hourly)
+        else:
+            step.log.warning(f"cluster {cluster.name}: another run added this window first; nothing written")
 
     figures_in_bounds = all(
         0.0 <= row[f"{name}_gpu_utilization"] <= 100.0
@@ -207,8 +212,9 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
     return MaterializeResult(
         metadata={
             "cluster": cluster.name,
-            "dagster/row_count": len(rows),
+            "dagster/row_count": len(rows) if claimed else 0,
             "workloads": len(workloads),
+            "window_already_added": not claimed,
             "window_start": _utc(first).isoformat() if queried else "",
             "window_end": _utc(last).isoformat() if queried else "",
             "window_points": int((last - first) // resolution) + 1 if queried else 0,
