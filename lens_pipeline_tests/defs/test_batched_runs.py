@@ -94,7 +94,7 @@ def test_a_batch_collects_every_healthy_cluster_and_isolates_a_broken_one(tmp_pa
         assert "not computed: gpu_nodes" in views.metadata["not_computed"].value["broken"]
 
         # The next tick runs the broken cluster alone and the others together.
-        assert failing_clusters(instance, order) == {"broken"}
+        assert failing_clusters(instance, order) == {"broken"}  # every collector of it failed
         tick = datetime(2026, 11, 22, 10, 7, tzinfo=UTC)
         requests = collect_every_minute(
             build_schedule_context(instance=instance, scheduled_execution_time=tick)
@@ -127,3 +127,27 @@ def test_a_cluster_an_older_run_holds_is_left_to_it(tmp_path):
         result = _run(instance, registry, tmp_path, _batch(names[0], names[1]))
         assert result.success
         assert [m.partition for m in materializations(result, "gpu_nodes")] == [names[1]]
+
+
+def test_a_cluster_whose_prometheus_is_down_runs_alone_from_the_next_tick(tmp_path):
+    fleet = SimFleet.generate(clusters=3, nodes=4, seed=8, vendor="amd")
+    names = [c.name for c in fleet]
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        registry = write_registry(tmp_path / "clusters.yaml", server)
+        document = yaml.safe_load(registry.read_text())
+        (entry,) = [e for e in document["clusters"] if e["name"] == names[1]]
+        entry["prometheus_url"] = "http://127.0.0.1:9"
+        registry.write_text(yaml.safe_dump(document))
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
+
+        result = _run(instance, registry, tmp_path, _batch(names[0], names[2]))
+        assert result.success
+        # Its Kubernetes collectors are written; the devices, read from Prometheus, are not.
+        assert sorted(m.partition for m in materializations(result, "gpu_nodes")) == sorted(names)
+        assert sorted(m.partition for m in materializations(result, "gpu_devices")) == [names[0], names[2]]
+        assert failing_clusters(instance, names) == {names[1]}
+        tick = datetime(2026, 11, 22, 10, 8, tzinfo=UTC)
+        requests = collect_every_minute(
+            build_schedule_context(instance=instance, scheduled_execution_time=tick)
+        )
+        assert [r.partition_key for r in requests] == names  # each alone: the failing one splits the range

@@ -9,7 +9,6 @@ once; a cluster some run is still queued for or working on is left out of this m
 from collections.abc import Sequence
 
 from dagster import (
-    AssetKey,
     AssetSelection,
     DagsterInstance,
     DefaultScheduleStatus,
@@ -24,7 +23,7 @@ from dagster import (
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from lens_pipeline import settings
-from lens_pipeline.defs.cluster_assets import ASSET_KEYS, JOB_NAME, cluster_assets
+from lens_pipeline.defs.cluster_assets import ASSET_KEYS, COLLECTOR_KEYS, JOB_NAME, cluster_assets
 from lens_pipeline.defs.partitions import BATCH_TAG, CLUSTER_PARTITIONS_NAME, CLUSTER_TAG, clusters_in_runs
 
 collect_cluster_job = define_asset_job(
@@ -37,13 +36,15 @@ collect_cluster_job = define_asset_job(
 
 
 def failing_clusters(instance: DagsterInstance, clusters: Sequence[str]) -> set[str]:
-    """Clusters whose latest attempt at `gpu_nodes` did not materialize it (a failure, or a run
-    still going: those are busy anyway)."""
+    """Clusters whose latest attempt at one of their collectors did not materialize it (a failure,
+    or a run still going: those are busy anyway)."""
     storage = instance.event_log_storage
-    failed = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
-        AssetKey("gpu_nodes")
-    )
-    return {c for c in clusters if c in failed}
+    failed: set[str] = set()
+    for key in COLLECTOR_KEYS:
+        failed |= set(
+            storage.get_latest_asset_partition_materialization_attempts_without_materializations(key)
+        )
+    return failed & set(clusters)
 
 
 def collection_requests(
