@@ -38,14 +38,36 @@ class OwnerRef(NamedTuple):
 
 def owner_ref(metadata: dict) -> OwnerRef | None:
     """The controller reference, else the first one; None for a top-level object."""
-    refs = metadata.get("ownerReferences") or []
+    # Called for every pod and owner several times a run (hundreds of thousands of calls at the
+    # envelope): one pass, no intermediate lists.
+    refs = metadata.get("ownerReferences")
+    if not refs:
+        return None
     if not isinstance(refs, list):
         raise MalformedObject("metadata.ownerReferences should be a list")
-    refs = [r for r in refs if isinstance(r, dict)]
-    ref = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+    ref = None
+    for candidate in refs:
+        if isinstance(candidate, dict):
+            if candidate.get("controller"):
+                ref = candidate
+                break
+            if ref is None:
+                ref = candidate
     if ref is None:
         return None
-    for field in ("apiVersion", "kind", "name", "uid"):
-        if not isinstance(ref.get(field), str) or not ref[field]:
-            raise MalformedObject(f"an ownerReference lacks {field}")
-    return OwnerRef(KindRef(ref["apiVersion"], ref["kind"]), ref["name"], ref["uid"])
+    api_version, kind, name, uid = ref.get("apiVersion"), ref.get("kind"), ref.get("name"), ref.get("uid")
+    if not (
+        api_version.__class__ is str
+        and kind.__class__ is str
+        and name.__class__ is str
+        and uid.__class__ is str
+        and api_version
+        and kind
+        and name
+        and uid
+    ):
+        for field in ("apiVersion", "kind", "name", "uid"):
+            value = ref.get(field)
+            if not isinstance(value, str) or not value:
+                raise MalformedObject(f"an ownerReference lacks {field}")
+    return OwnerRef(KindRef(api_version, kind), name, uid)

@@ -24,9 +24,16 @@ def container_gpus(container: object, resource: str) -> int:
     """A container's GPU request; extended resources default their request to the limit."""
     if not isinstance(container, dict):
         raise MalformedObject("a container is not an object")
-    resources = mapping(container, "resources")
-    requests = mapping(resources, "requests")
-    limits = mapping(resources, "limits")
+    # Every container of every pod passes here each run: plain dicts skip `mapping`'s checks.
+    resources = container.get("resources")
+    if resources.__class__ is not dict:
+        resources = mapping(container, "resources")
+    requests = resources.get("requests")
+    if requests.__class__ is not dict:
+        requests = mapping(resources, "requests")
+    limits = resources.get("limits")
+    if limits.__class__ is not dict:
+        limits = mapping(resources, "limits")
     value = requests.get(resource, limits.get(resource))
     return 0 if value is None else whole_units(value, f"container {container.get('name')!r} {resource}")
 
