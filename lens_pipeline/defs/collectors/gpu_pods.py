@@ -6,13 +6,20 @@ from datetime import UTC, datetime
 from dagster import MaterializeResult
 
 from lens_pipeline.collect.nodes import gpu_models_by_node
-from lens_pipeline.collect.pods import condition_events, gpu_pod_row, pod_resource_row, pod_snapshot_row
+from lens_pipeline.collect.pods import (
+    condition_events,
+    gpu_pod_row,
+    pod_resource_row,
+    pod_snapshot_row,
+    resource_version,
+)
 from lens_pipeline.collect.problems import MalformedObject, Problem, object_name
 from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.pods import write_pods
+from lens_pipeline.store.pods import latest_versions, write_pods
+from lens_pipeline.store.schema import pod_snapshot
 
 TABLE_COLUMNS = ("namespace", "name", "node_name", "gpu_allocated", "phase", "running", "deleted", "ip")
 
@@ -31,15 +38,19 @@ def gpu_pods(step: ClusterStep) -> MaterializeResult:
     run.problems += snapshot.pod_problems
     models = gpu_models_by_node(snapshot.nodes, snapshot.profiles)
 
+    engine = step.lens_db.engine()
+    with engine.connect() as conn:
+        stored_versions = latest_versions(conn, pod_snapshot, run.cluster.name, "pod_uid")
     pod_rows, resource_rows, snapshot_rows, events, unreadable = [], [], [], {}, set()
     for pod in snapshot.gpu_pods:
         try:
-            rows = (
-                gpu_pod_row(pod),
-                pod_resource_row(pod, models.get(pod.node_name, "")),
-                pod_snapshot_row(pod),
-            )
-            events[pod.uid] = condition_events(pod)
+            rows = (gpu_pod_row(pod), pod_resource_row(pod, models.get(pod.node_name, "")))
+            # A pod whose resourceVersion did not move is the object already stored in full, and
+            # read without error then: its snapshot and condition events are not built again.
+            moved = resource_version(pod.metadata) > stored_versions.get(pod.uid, -1)
+            if moved:
+                new_snapshot = pod_snapshot_row(pod)
+                events[pod.uid] = condition_events(pod)
         except MalformedObject as exc:
             run.problems.append(
                 Problem("Pod", f"{pod.metadata['namespace']}/{pod.metadata['name']}", str(exc))
@@ -48,9 +59,11 @@ def gpu_pods(step: ClusterStep) -> MaterializeResult:
             continue
         pod_rows.append(rows[0])
         resource_rows.append(rows[1])
-        snapshot_rows.append(rows[2])
+        if moved:
+            snapshot_rows.append(new_snapshot)
+    del stored_versions
 
-    with write_transaction(step.lens_db.engine()) as conn:
+    with write_transaction(engine) as conn:
         written = write_pods(
             conn,
             run.cluster.name,
