@@ -75,6 +75,7 @@ def gpu_pods(step: ClusterStep) -> MaterializeResult:
             unreadable=unreadable,
         )
 
+    snapshot.drop_pod_details()
     node_names = {object_name(n) for n in snapshot.nodes}
     orphans = sorted(
         {r["node_name"] for r in pod_rows if r["node_name"] and r["node_name"] not in node_names}

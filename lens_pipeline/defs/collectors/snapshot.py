@@ -43,6 +43,17 @@ class ClusterSnapshot:
     def pod_problems(self) -> list[Problem]:
         return [p for p in self._pods if isinstance(p, Problem)]
 
+    def drop_pod_details(self) -> None:
+        """Forget the containers and status details of the listed GPU pods once `gpu_pods` has
+        written them: the collectors after it read only a pod's metadata, node, phase and GPU
+        count. At the envelope the details are hundreds of MiB, still held while the owner kinds
+        are listed, which is when memory peaks."""
+        if "_pods" not in self.__dict__:
+            return
+        for pod in self.gpu_pods:
+            pod.obj["spec"] = {"nodeName": pod.obj["spec"].get("nodeName")}
+            pod.obj["status"] = {"phase": pod.obj["status"].get("phase")}
+
     def plural(self, kind: KindRef) -> tuple[str, bool] | None:
         """(plural, namespaced) of a kind through discovery, one request per group-version."""
         if kind.group_version not in self._discovery:
