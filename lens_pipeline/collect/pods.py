@@ -18,6 +18,7 @@ HOLDING_PHASES = frozenset({"Pending", "Running"})
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 Row = dict[str, Any]
+_EMPTY: dict = {}  # read only
 
 
 def container_gpus(container: object, resource: str) -> int:
@@ -27,13 +28,13 @@ def container_gpus(container: object, resource: str) -> int:
     # Every container of every pod passes here each run: plain dicts skip `mapping`'s checks.
     resources = container.get("resources")
     if resources.__class__ is not dict:
-        resources = mapping(container, "resources")
+        resources = _EMPTY if resources is None else mapping(container, "resources")
     requests = resources.get("requests")
     if requests.__class__ is not dict:
-        requests = mapping(resources, "requests")
+        requests = _EMPTY if requests is None else mapping(resources, "requests")
     limits = resources.get("limits")
     if limits.__class__ is not dict:
-        limits = mapping(resources, "limits")
+        limits = _EMPTY if limits is None else mapping(resources, "limits")
     value = requests.get(resource, limits.get(resource))
     return 0 if value is None else whole_units(value, f"container {container.get('name')!r} {resource}")
 
