@@ -35,3 +35,26 @@ def materializations(result, asset: str) -> list:
 
 def statistics_config(config: dict) -> dict:
     return {"ops": {"cluster_assets": {"config": {"statistics": config}}}}
+
+
+# Nothing listens on port 9 (discard) here: connections are refused at once.
+DEAD_URL = "http://127.0.0.1:9"
+
+
+def edit_registry(path, change) -> None:
+    """Rewrite a registry file with `change` applied to its parsed document."""
+    import yaml
+
+    document = yaml.safe_load(path.read_text())
+    change(document)
+    path.write_text(yaml.safe_dump(document))
+
+
+def add_unreachable_cluster(path, name: str) -> None:
+    """Add a registry entry for a cluster whose API refuses every connection."""
+    edit_registry(
+        path,
+        lambda d: d["clusters"].append(
+            {"name": name, "server": DEAD_URL, "token": "x", "request_timeout_seconds": 2}
+        ),
+    )

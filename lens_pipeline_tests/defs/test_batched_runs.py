@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import yaml
 from dagster import AssetKey, build_schedule_context, instance_for_test
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
@@ -26,7 +25,13 @@ from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.schema import cluster_overview_cache
-from lens_pipeline_tests.defs.support import materializations, materialize_cluster
+from lens_pipeline_tests.defs.support import (
+    DEAD_URL,
+    add_unreachable_cluster,
+    edit_registry,
+    materializations,
+    materialize_cluster,
+)
 from lens_pipeline_tests.defs.test_gpu_nodes import assert_table_equals_truth
 
 
@@ -63,11 +68,7 @@ def test_a_batch_collects_every_healthy_cluster_and_isolates_a_broken_one(tmp_pa
     healthy = [c.name for c in fleet]
     with SimServer(fleet) as server, instance_for_test() as instance:
         registry = write_registry(tmp_path / "clusters.yaml", server)
-        document = yaml.safe_load(registry.read_text())
-        document["clusters"].append(
-            {"name": "broken", "server": "http://127.0.0.1:9", "token": "x", "request_timeout_seconds": 2}
-        )
-        registry.write_text(yaml.safe_dump(document))
+        add_unreachable_cluster(registry, "broken")
         order = [healthy[0], "broken", *healthy[1:]]
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, order)
 
@@ -134,10 +135,12 @@ def test_a_cluster_whose_prometheus_is_down_runs_alone_from_the_next_tick(tmp_pa
     names = [c.name for c in fleet]
     with SimServer(fleet) as server, instance_for_test() as instance:
         registry = write_registry(tmp_path / "clusters.yaml", server)
-        document = yaml.safe_load(registry.read_text())
-        (entry,) = [e for e in document["clusters"] if e["name"] == names[1]]
-        entry["prometheus_url"] = "http://127.0.0.1:9"
-        registry.write_text(yaml.safe_dump(document))
+
+        def prometheus_down(document: dict) -> None:
+            (entry,) = [e for e in document["clusters"] if e["name"] == names[1]]
+            entry["prometheus_url"] = DEAD_URL
+
+        edit_registry(registry, prometheus_down)
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
 
         result = _run(instance, registry, tmp_path, _batch(names[0], names[2]))

@@ -11,7 +11,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 from dagster import AssetKey, instance_for_test
 from sqlalchemy import select
 
@@ -28,7 +27,12 @@ from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.schema import node
-from lens_pipeline_tests.defs.support import failure_message, materializations, materialize_cluster
+from lens_pipeline_tests.defs.support import (
+    add_unreachable_cluster,
+    failure_message,
+    materializations,
+    materialize_cluster,
+)
 
 AMD, NVIDIA = "sim-amd-0", "sim-nvidia-1"
 TRUTH_COLUMNS = (
@@ -225,11 +229,7 @@ def test_prometheus_failure_keeps_stored_utilization(sim, instance, sqlite_url):
 
 def test_an_unreachable_cluster_fails_alone_with_a_clear_error(sim, instance, sqlite_url):
     _fleet, _server, registry = sim
-    document = yaml.safe_load(registry.read_text())
-    document["clusters"].append(
-        {"name": "unreachable", "server": "http://127.0.0.1:9", "token": "x", "request_timeout_seconds": 2}
-    )
-    registry.write_text(yaml.safe_dump(document))
+    add_unreachable_cluster(registry, "unreachable")
     assert run(AMD, registry, sqlite_url, instance).success
     before = stored(sqlite_url, AMD)
     result = run("unreachable", registry, sqlite_url, instance, raise_on_error=False)
