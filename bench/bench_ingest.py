@@ -34,6 +34,8 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from measure import machine_busy_seconds, postgres_cpu_seconds, process_cpu_seconds  # noqa: E402
+
 from lens_pipeline.sim import node_agent as agent  # noqa: E402
 from lens_pipeline_tests.ingest.support import gpu_container  # noqa: E402
 
@@ -85,8 +87,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     try:
         _wait_healthy(grpc_port, server_output, args.workers)
-        server_cpu0, machine_busy0 = _cpu_seconds(server.pid), _machine_busy_seconds()
-        database_cpu0, began = _postgres_cpu_seconds(), time.monotonic()
+        server_cpu0, machine_busy0 = process_cpu_seconds(server.pid), machine_busy_seconds()
+        database_cpu0, began = postgres_cpu_seconds(), time.monotonic()
         command = [
             sys.executable,
             __file__,
@@ -105,9 +107,9 @@ def _run(args: argparse.Namespace) -> int:
             for index in range(args.clients)
         ]
         reports = [json.loads(c.communicate()[0]) for c in clients]
-        server_cpu = _cpu_seconds(server.pid) - server_cpu0
-        machine_busy = _machine_busy_seconds() - machine_busy0
-        database_cpu, span = _postgres_cpu_seconds() - database_cpu0, time.monotonic() - began
+        server_cpu = process_cpu_seconds(server.pid) - server_cpu0
+        machine_busy = machine_busy_seconds() - machine_busy0
+        database_cpu, span = postgres_cpu_seconds() - database_cpu0, time.monotonic() - began
         logged, segments = _count_log(database_url)
     finally:
         server.terminate()
@@ -295,32 +297,6 @@ def _wait_healthy(port: int, output, workers: int) -> None:
                 pass
             time.sleep(0.2)
     raise RuntimeError("lens ingest did not become healthy")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of the server and its workers."""
-    import psutil
-
-    parent = psutil.Process(pid)
-    return sum(sum(p.cpu_times()[:2]) for p in (parent, *parent.children(recursive=True)))
-
-
-def _machine_busy_seconds() -> float:
-    import psutil
-
-    times = psutil.cpu_times()
-    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
-
-
-def _postgres_cpu_seconds() -> float:
-    """User + system CPU of the local PostgreSQL server's processes (0 without one)."""
-    import psutil
-
-    total = 0.0
-    for process in psutil.process_iter(["name", "cpu_times"]):
-        if process.info["name"] == "postgres" and process.info["cpu_times"] is not None:
-            total += sum(process.info["cpu_times"][:2])
-    return total
 
 
 def _free_port() -> int:

@@ -1,0 +1,30 @@
+"""CPU accounting shared by the benchmark scripts: who used the machine's cores during a run.
+
+On this 2-core machine the pipeline shares the cores with the simulator and the database
+server, so a wall time means little without the CPU each of them spent.
+"""
+
+from __future__ import annotations
+
+import psutil
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its children."""
+    parent = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in (parent, *parent.children(recursive=True)))
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (all cores, not idle, not waiting for I/O)."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def postgres_cpu_seconds() -> float:
+    """User + system CPU of the local PostgreSQL server's processes (0 without one)."""
+    total = 0.0
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        if process.info["name"] == "postgres" and process.info["cpu_times"] is not None:
+            total += sum(process.info["cpu_times"][:2])
+    return total
