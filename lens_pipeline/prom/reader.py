@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,12 +34,21 @@ class Series:
 
 @dataclass
 class PromReader:
+    """Instant and range queries of one cluster's Prometheus. `queries` counts the answers taken.
+
+    `prefetch` asks instant queries in a background thread, in order, so that Prometheus evaluates
+    them while the caller does other work (listing Kubernetes objects); `vector` then takes the
+    answer, or the error, as if it had asked itself.
+    """
+
     cluster: str
     url: str
     timeout_seconds: float = 30.0
     retries: int = 2
     queries: int = 0
     _client: PrometheusConnect | None = field(default=None, repr=False)
+    _early: dict[str, Future[list[Sample]]] = field(default_factory=dict, repr=False)
+    _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     @property
     def client(self) -> PrometheusConnect:
@@ -56,7 +66,6 @@ class PromReader:
         return self._client
 
     def _ask(self, query: str, call: Callable[[], Any]) -> Any:
-        self.queries += 1
         try:
             return call()
         except PrometheusApiClientException as exc:
@@ -66,9 +75,34 @@ class PromReader:
         except ValueError as exc:  # a 200 whose body is not the JSON Prometheus answers with
             raise PromError(self.cluster, query, f"malformed response: {exc}") from None
 
+    def prefetch(self, queries: Sequence[str]) -> None:
+        """Start asking `queries` (instant, in this order, one at a time) in the background."""
+        fresh = [q for q in dict.fromkeys(queries) if q not in self._early]
+        if not fresh:
+            return
+        client = self.client  # made here, not raced for by the two threads
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"prom-{self.cluster}")
+        for query in fresh:
+            self._early[query] = self._pool.submit(self._vector, query, client)
+
+    def close(self) -> None:
+        """Drop the prefetched answers nobody took; queries not yet sent are not sent."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        self._early.clear()
+
     def vector(self, query: str) -> list[Sample]:
         """The samples of an instant query; NaN and infinite values are dropped."""
-        result = self._ask(query, lambda: self.client.custom_query(query))
+        self.queries += 1
+        early = self._early.pop(query, None)
+        if early is not None and not early.cancelled():
+            return early.result()
+        return self._vector(query, self.client)
+
+    def _vector(self, query: str, client: PrometheusConnect) -> list[Sample]:
+        result = self._ask(query, lambda: client.custom_query(query))
         samples = []
         for series in result or []:
             try:
@@ -83,6 +117,7 @@ class PromReader:
     def matrix(self, query: str, start: datetime, end: datetime, step_seconds: float) -> list[Series]:
         """The series of a range query, each with its (unix time, value) points; NaN and infinite
         values are dropped (spec §4.8)."""
+        self.queries += 1
         result = self._ask(
             query,
             lambda: self.client.custom_query_range(

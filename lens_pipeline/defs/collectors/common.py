@@ -39,6 +39,7 @@ from lens_pipeline.defs.resources import (
     PrometheusResource,
     SafeDatabase,
 )
+from lens_pipeline.prom.reader import PromReader
 
 COLLECTOR_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 MAX_LOGGED_PROBLEMS = 20
@@ -78,10 +79,36 @@ class ClusterStep:
     lens_db: LensDatabase
     safe_db: SafeDatabase
     config: ClusterAssetsConfig
+    _prometheus_reader: PromReader | None = field(default=None, init=False, repr=False)
 
     @property
     def log(self) -> Any:
         return self.context.log
+
+    def prometheus_reader(self) -> PromReader | None:
+        """The cluster's Prometheus for this turn (None when the registry gives it none): one reader
+        shared by the parts, holding the answers asked for in advance by `prefetch`."""
+        if self._prometheus_reader is None:
+            self._prometheus_reader = self.prometheus.reader(self.cluster)
+        return self._prometheus_reader
+
+    def prefetch(self, parts: Sequence["ClusterPart"]) -> None:
+        """Have Prometheus evaluate the instant queries `parts` will ask while other parts work: at
+        the envelope, 2-3 s a run that was spent waiting for `gpu_devices`' answers."""
+        try:
+            reader = self.prometheus_reader()
+            queries = [q for part in parts if part.prometheus_queries for q in part.prometheus_queries(self)]
+        except Exception as exc:  # the part itself meets the same error and reports it
+            self.log.debug(f"cluster {self.cluster.name}: no Prometheus queries asked ahead: {exc}")
+            return
+        if reader is not None:
+            reader.prefetch(queries)
+
+    def release(self) -> None:
+        """The end of the cluster's turn: its listed objects and unused answers are let go."""
+        if self._prometheus_reader is not None:
+            self._prometheus_reader.close()
+        self.kubernetes.release(self.cluster)
 
     def snapshot(self) -> ClusterSnapshot:
         """The cluster's Kubernetes objects, listed once and shared by the collectors of the run."""
@@ -100,6 +127,8 @@ class ClusterPart:
     deps: tuple["ClusterPart", ...]
     compute: Callable[[ClusterStep], MaterializeResult]
     automation_condition: AutomationCondition | None = None
+    # The instant PromQL queries `compute` will ask, asked ahead by `ClusterStep.prefetch`.
+    prometheus_queries: Callable[[ClusterStep], list[str]] | None = None
 
     def spec(self) -> AssetSpec:
         return AssetSpec(
@@ -127,6 +156,7 @@ def cluster_part(
     deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str],
     automation_condition: AutomationCondition | None = None,
+    prometheus_queries: Callable[[ClusterStep], list[str]] | None = None,
 ) -> Callable[[Callable[[ClusterStep], MaterializeResult]], ClusterPart]:
     """Declare a per-cluster asset (name -> what each check guards)."""
 
@@ -140,6 +170,7 @@ def cluster_part(
             deps=tuple(deps),
             compute=fn,
             automation_condition=automation_condition,
+            prometheus_queries=prometheus_queries,
         )
 
     return decorate
@@ -151,9 +182,17 @@ def collector(
     checks: dict[str, str],
     deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str] = frozenset({"kubernetes", "sql"}),
+    prometheus_queries: Callable[[ClusterStep], list[str]] | None = None,
 ) -> Callable[[Callable[[ClusterStep], MaterializeResult]], ClusterPart]:
     """A per-cluster collector, refreshed by the `collect_every_minute` schedule."""
-    return cluster_part(group="collectors", description=description, checks=checks, deps=deps, kinds=kinds)
+    return cluster_part(
+        group="collectors",
+        description=description,
+        checks=checks,
+        deps=deps,
+        kinds=kinds,
+        prometheus_queries=prometheus_queries,
+    )
 
 
 def check(name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> AssetCheckResult:

@@ -14,11 +14,17 @@ from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadat
 from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.devices import write_devices
-from lens_pipeline.vendors import INFINIBAND
+from lens_pipeline.vendors import INFINIBAND, VendorProfile, profiles_for
 
 
 def _pairs(samples):
     return [(s.labels, s.value) for s in samples]
+
+
+def device_queries(profiles: tuple[VendorProfile, ...]) -> list[str]:
+    """Every query of a run, in the order asked: per vendor the identities then each figure, then NICs."""
+    queries = [q for p in profiles for q in (p.identity_query(), *map(p.figure_query, p.device_metrics))]
+    return [*queries, INFINIBAND.info_query()]
 
 
 @collector(
@@ -27,14 +33,16 @@ def _pairs(samples):
     kinds=frozenset({"prometheus", "sql"}),
     deps=[gpu_nodes],
     checks={"devices_on_known_nodes": "Every device belongs to a node of the cluster."},
+    prometheus_queries=lambda step: device_queries(profiles_for(step.cluster.vendor)),
 )
 def gpu_devices(step: ClusterStep) -> MaterializeResult:
     run = CollectorRun(step)
-    prom = step.prometheus.reader(run.cluster)
+    prom = step.prometheus_reader()
     if prom is None:
         raise RuntimeError(
             f"cluster {run.cluster.name!r}: no prometheus_url in the registry; devices come from metrics"
         )
+    asked = prom.queries
     snapshot = run.snapshot
     models = gpu_models_by_node(snapshot.nodes, snapshot.profiles)
     not_ready, known_nodes = set(), set()
@@ -57,7 +65,7 @@ def gpu_devices(step: ClusterStep) -> MaterializeResult:
     except PromError as exc:
         step.log.warning(f"{exc}; RDMA devices left as stored")
         nics = None
-    run.prometheus_queries = prom.queries
+    run.prometheus_queries = prom.queries - asked
 
     with write_transaction(step.lens_db.engine()) as conn:
         written = write_devices(

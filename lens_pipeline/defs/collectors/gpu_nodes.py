@@ -15,6 +15,7 @@ from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadat
 from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.nodes import stored_utilization, write_gpu_nodes
+from lens_pipeline.vendors import profiles_for
 
 TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilization", "status", "address")
 
@@ -27,16 +28,18 @@ TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utiliza
         "every_node_readable": "Every Node and Pod object of the cluster could be read.",
         "utilization_fresh": "Prometheus answered the utilization query this run.",
     },
+    prometheus_queries=lambda step: [p.node_utilization_query() for p in profiles_for(step.cluster.vendor)],
 )
 def gpu_nodes(step: ClusterStep) -> MaterializeResult:
     run = CollectorRun(step)
     snapshot = run.snapshot
     run.problems += snapshot.pod_problems
 
-    prom = step.prometheus.reader(run.cluster)
+    prom = step.prometheus_reader()
     utilization: dict[str, float] | None = {}
     prom_error = "no prometheus_url in the registry" if prom is None else None
     if prom is not None:
+        asked = prom.queries
         try:
             for profile in snapshot.profiles:
                 samples = prom.vector(profile.node_utilization_query())
@@ -46,7 +49,7 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
         except PromError as exc:
             step.log.warning(f"{exc}; keeping each node's last stored utilization")
             prom_error, utilization = str(exc), None
-        run.prometheus_queries = prom.queries
+        run.prometheus_queries = prom.queries - asked
 
     with write_transaction(step.lens_db.engine()) as conn:
         if utilization is None:

@@ -1,0 +1,108 @@
+"""Prometheus queries asked ahead: `PromReader.prefetch` against the simulator's query API over real
+HTTP, and the collectors' run asking each query once with the answers of a direct ask."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dagster import instance_for_test
+
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
+from lens_pipeline.prom.reader import PromError, PromReader
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+from lens_pipeline.vendors import PROFILES
+from lens_pipeline_tests.defs.support import materializations, materialize_cluster
+
+AMD = "sim-amd-0"
+PROFILE = PROFILES["amd"]
+
+
+@pytest.fixture
+def sim(tmp_path):
+    fleet = SimFleet.generate(clusters=1, nodes=6, seed=5, vendor="amd")
+    with SimServer(fleet) as server:
+        registry = write_registry(tmp_path / "clusters.yaml", server)
+        yield fleet, server, registry
+
+
+def _reader(server: SimServer) -> PromReader:
+    return PromReader(AMD, server.prometheus_url(AMD), timeout_seconds=5, retries=0)
+
+
+def _asked(fleet: SimFleet) -> int:
+    return fleet.cluster(AMD).request_count("/prometheus")
+
+
+def _wait_until_asked(fleet: SimFleet, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while _asked(fleet) < count:
+        assert time.monotonic() < deadline, f"only {_asked(fleet)} of {count} queries were asked"
+        time.sleep(0.02)
+
+
+def test_prefetched_answers_are_the_direct_answers_asked_once(sim):
+    fleet, server, _registry = sim
+    queries = [PROFILE.identity_query(), PROFILE.node_utilization_query()]
+    direct = {q: _reader(server).vector(q) for q in queries}
+    assert all(direct.values())
+    fleet.cluster(AMD).request_log.reset()
+
+    reader = _reader(server)
+    reader.prefetch([*queries, queries[0]])  # a repeated query is asked once
+    _wait_until_asked(fleet, 2)  # asked before anyone took an answer
+    assert reader.queries == 0
+    assert {q: reader.vector(q) for q in queries} == direct
+    assert reader.queries == 2 and _asked(fleet) == 2
+    # A prefetched answer is taken once; asking again asks Prometheus again.
+    assert reader.vector(queries[0]) == direct[queries[0]]
+    assert reader.queries == 3 and _asked(fleet) == 3
+    reader.close()
+
+
+def test_a_prefetched_failure_is_raised_when_its_answer_is_taken(sim):
+    fleet, server, _registry = sim
+    fleet.cluster(AMD).set_fault("prometheus", 503)
+    reader = _reader(server)
+    reader.prefetch([PROFILE.identity_query()])
+    with pytest.raises(PromError, match="503"):
+        reader.vector(PROFILE.identity_query())
+    reader.close()
+
+
+def test_close_drops_answers_nobody_took(sim):
+    fleet, server, _registry = sim
+    fleet.cluster(AMD).request_log.reset()
+    reader = _reader(server)
+    reader.prefetch([PROFILE.identity_query()])
+    _wait_until_asked(fleet, 1)
+    reader.close()
+    assert reader.vector(PROFILE.identity_query())  # asked again, not the dropped answer
+    assert _asked(fleet) == 2
+
+
+def test_a_run_asks_each_query_once(sim, tmp_path):
+    fleet, _server, registry = sim
+    fleet.cluster(AMD).request_log.reset()
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [AMD])
+        result = materialize_cluster(
+            ["gpu_nodes", "gpu_pods", "gpu_devices"],
+            partition_key=AMD,
+            instance=instance,
+            resources={
+                "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                "prometheus": PrometheusResource(timeout_seconds=5),
+                "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
+            },
+        )
+    asked = {
+        name: materializations(result, name)[0].metadata["prometheus_queries"].value
+        for name in ("gpu_nodes", "gpu_pods", "gpu_devices")
+    }
+    # gpu_nodes: the utilization query; gpu_devices: identities, each figure, the NICs.
+    assert asked == {"gpu_nodes": 1, "gpu_pods": 0, "gpu_devices": 2 + len(PROFILE.device_metrics)}
+    assert _asked(fleet) == sum(asked.values())
