@@ -41,7 +41,7 @@ def insert_new_snapshots(
         for s in snapshots
         if s["resource_version"] > known.get(s[uid_column], -1)
     ]
-    bulk_upsert(conn, table, fresh, update_columns=[])
+    bulk_upsert(conn, table, fresh, update_columns=[], new=True)
     return fresh
 
 

@@ -80,6 +80,7 @@ def write_workloads(
         workload_pod_reference,
         [{**scope, "workload_uid": w, "pod_uid": p, "created_at": now} for w, p in new_pairs],
         update_columns=[],
+        new=True,
     )
     new_snapshots = insert_new_snapshots(conn, gpu_workload_snapshot, cluster_name, "uid", snapshots, now=now)
     return {

@@ -88,6 +88,23 @@ def test_bulk_upsert_with_nothing_to_update_ignores_conflicts(lens_url):
         assert conn.execute(select(node.c.gpu_count)).scalar_one() == 8
 
 
+def test_rows_said_new_are_still_upserted_when_a_key_is_stored_after_all(lens_url):
+    # On PostgreSQL `new` rows are COPYed straight into the table; a batch holding a stored key
+    # falls back to the upsert, in the same transaction, with the rows before it kept.
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    with write_transaction(engine) as conn:
+        bulk_upsert(conn, node, [_node("n0005", gpu_count=1)])
+    rows = [_node(f"n{i:04d}", created_at=T0, updated_at=T0) for i in range(25)]
+    with write_transaction(engine) as conn:
+        assert bulk_upsert(conn, node, rows, batch_rows=10, new=True) == 25
+        bulk_upsert(conn, node, [_node("n0100")], new=True)
+    with engine.connect() as conn:
+        stored = dict(conn.execute(select(node.c.name, node.c.gpu_count)).all())
+    assert sorted(stored) == [f"n{i:04d}" for i in range(25)] + ["n0100"]
+    assert stored["n0005"] == 8  # updated by the fallback, not refused
+
+
 def test_naive_datetimes_are_refused(sqlite_url):
     engine = get_engine(sqlite_url)
     ensure_schema(engine, "lens")
