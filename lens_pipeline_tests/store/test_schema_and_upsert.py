@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -157,6 +158,30 @@ def test_sync_snapshot_marks_instead_of_deleting(sqlite_url):
         )
     with engine.connect() as conn:
         assert dict(conn.execute(select(node.c.name, node.c.status)).all()) == {"a": "Ready", "b": "Gone"}
+
+
+def test_sqlite_commits_leave_the_checkpoint_to_a_background_thread(tmp_path):
+    from lens_pipeline.store import db
+
+    path = tmp_path / "checkpointed.db"
+    engine = get_engine(f"sqlite:///{path}")
+    ensure_schema(engine, "lens")
+    done = db._checkpointer.done
+    before = path.stat().st_size
+    rows = [_node(f"n{i:05d}", labels={"padding": "x" * 200}) for i in range(5000)]
+    with write_transaction(engine) as conn:
+        assert conn.connection.dbapi_connection.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+        bulk_upsert(conn, node, rows)
+    # The commit left the rows in the log; the database file grows once the thread has copied them.
+    deadline = time.monotonic() + 10
+    while db._checkpointer.done == done or path.stat().st_size <= before:
+        assert time.monotonic() < deadline, "no checkpoint after the commit"
+        time.sleep(0.02)
+    assert path.stat().st_size > before + 5000 * 200
+    with engine.connect() as conn:  # the pooled connection checkpoints as usual again
+        raw = conn.connection.dbapi_connection
+        assert raw.execute("PRAGMA wal_autocheckpoint").fetchone() == (db.SQLITE_AUTOCHECKPOINT_PAGES,)
+        assert conn.execute(select(node.c.name)).all()[-1] == ("n04999",)
 
 
 def test_a_failed_transaction_leaves_the_previous_snapshot_whole(sqlite_url):
