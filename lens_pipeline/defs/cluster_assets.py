@@ -132,7 +132,7 @@ def cluster_assets(
         try:
             for index, part in enumerate(selected):
                 # Prometheus evaluates the next part's queries while this part works.
-                step.prefetch(selected[index : index + 2])
+                step.prefetch([p for p in selected[index : index + 2] if not broken & {d.key for d in p.deps}])
                 upstream = [d.key for d in part.deps if d.key in broken]
                 if upstream:
                     broken.add(part.key)

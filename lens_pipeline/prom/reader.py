@@ -47,6 +47,7 @@ class PromReader:
     retries: int = 2
     queries: int = 0
     _client: PrometheusConnect | None = field(default=None, repr=False)
+    _session: requests.Session | None = field(default=None, repr=False)
     _early: dict[str, Future[list[Sample]]] = field(default_factory=dict, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
 
@@ -60,14 +61,24 @@ class PromReader:
                 status_forcelist=(429, 502, 503, 504),
                 allowed_methods=("GET", "POST"),
             )
+            session = requests.Session()
             self._client = PrometheusConnect(
-                url=self.url, disable_ssl=False, timeout=self.timeout_seconds, retry=retry
+                url=self.url, timeout=self.timeout_seconds, retry=retry, session=session
             )
+            self._session = session
         return self._client
 
-    def _ask(self, query: str, call: Callable[[], Any]) -> Any:
+    def _connect(self, query: str) -> PrometheusConnect:
+        """The client, or the query's PromError when none can be made (a malformed URL)."""
         try:
-            return call()
+            return self.client
+        except Exception as exc:
+            raise PromError(self.cluster, query, f"no client for {self.url!r}: {exc}") from None
+
+    def _ask(self, query: str, call: Callable[[PrometheusConnect], Any]) -> Any:
+        client = self._connect(query)
+        try:
+            return call(client)
         except PrometheusApiClientException as exc:
             raise PromError(self.cluster, query, str(exc)[:300]) from None
         except requests.RequestException as exc:
@@ -80,18 +91,25 @@ class PromReader:
         fresh = [q for q in dict.fromkeys(queries) if q not in self._early]
         if not fresh:
             return
-        client = self.client  # made here, not raced for by the two threads
+        try:
+            self._connect(fresh[0])  # made here, not raced for by the two threads
+        except PromError:
+            return  # `vector` raises it, query by query
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"prom-{self.cluster}")
         for query in fresh:
-            self._early[query] = self._pool.submit(self._vector, query, client)
+            self._early[query] = self._pool.submit(self._vector, query)
 
     def close(self) -> None:
-        """Drop the prefetched answers nobody took; queries not yet sent are not sent."""
+        """Drop the prefetched answers nobody took: queries not yet sent are not sent, and the
+        connections are closed (a request under way fails instead of running on)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
         self._early.clear()
+        if self._session is not None:
+            self._session.close()
+            self._client = self._session = None
 
     def vector(self, query: str) -> list[Sample]:
         """The samples of an instant query; NaN and infinite values are dropped."""
@@ -99,10 +117,10 @@ class PromReader:
         early = self._early.pop(query, None)
         if early is not None and not early.cancelled():
             return early.result()
-        return self._vector(query, self.client)
+        return self._vector(query)
 
-    def _vector(self, query: str, client: PrometheusConnect) -> list[Sample]:
-        result = self._ask(query, lambda: client.custom_query(query))
+    def _vector(self, query: str) -> list[Sample]:
+        result = self._ask(query, lambda client: client.custom_query(query))
         samples = []
         for series in result or []:
             try:
@@ -120,7 +138,7 @@ class PromReader:
         self.queries += 1
         result = self._ask(
             query,
-            lambda: self.client.custom_query_range(
+            lambda client: client.custom_query_range(
                 query, start_time=start, end_time=end, step=f"{step_seconds:g}"
             ),
         )

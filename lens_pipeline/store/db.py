@@ -12,6 +12,8 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
+from typing import Any
+from urllib.parse import quote
 
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -91,27 +93,25 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
     collector run that writes 110k pods); a background thread checkpoints it right after, while the
     run goes on, and the connection goes back to the pool checkpointing as usual.
     """
-    database = _sqlite_file(engine)
-    if database is None:
+    if engine.dialect.name != "sqlite":
         with engine.begin() as connection:
             yield connection
         return
     with engine.connect() as connection:
-        raw = connection.connection.dbapi_connection
-        raw.execute("PRAGMA wal_autocheckpoint=0")  # type: ignore[union-attr]
+        raw: Any = connection.connection.dbapi_connection
+        # The file as SQLite resolved it (absolute; "" for an in-memory database).
+        database = next((row[2] for row in raw.execute("PRAGMA database_list") if row[1] == "main"), "")
+        raw.execute("PRAGMA wal_autocheckpoint=0")
         try:
             with connection.begin():
                 yield connection
         finally:
-            raw.execute(f"PRAGMA wal_autocheckpoint={SQLITE_AUTOCHECKPOINT_PAGES}")  # type: ignore[union-attr]
-            _checkpointer.request(database)
-
-
-def _sqlite_file(engine: Engine) -> str | None:
-    if engine.dialect.name != "sqlite":
-        return None
-    database = engine.url.database
-    return database if database and database != ":memory:" and not database.startswith("file:") else None
+            try:
+                raw.execute(f"PRAGMA wal_autocheckpoint={SQLITE_AUTOCHECKPOINT_PAGES}")
+            except sqlite3.Error:
+                connection.invalidate()  # a broken connection is not pooled without its checkpoints
+            if database:
+                _checkpointer.request(database)
 
 
 class _Checkpointer:
@@ -128,7 +128,7 @@ class _Checkpointer:
     def request(self, database: str) -> None:
         with self._wake:
             self._pending.add(database)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # first use, or a forked child
                 self._thread = threading.Thread(target=self._run, name="sqlite-checkpoint", daemon=True)
                 self._thread.start()
             self._wake.notify()
@@ -140,9 +140,11 @@ class _Checkpointer:
                     self._wake.wait()
                 database = self._pending.pop()
             try:
-                with closing(sqlite3.connect(database, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)) as connection:
+                # mode=rw: a file removed since (a test's temporary database) is not created again.
+                uri = f"file:{quote(database)}?mode=rw"
+                with closing(sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)) as connection:
                     connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except sqlite3.Error:
+            except Exception:
                 pass  # the next commit's checkpoint, or SQLite's own, copies what this one did not
             with self._wake:
                 self.done += 1

@@ -14,7 +14,7 @@ first run's time.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from operator import itemgetter
@@ -70,7 +70,8 @@ def bulk_upsert(
     if not conn.in_transaction():
         conn.begin()  # what `conn.execute` would do: the rows belong to the caller's transaction
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    try:
+
+    def batches() -> Iterator[list[tuple]]:
         # Converted batch by batch: 100k snapshots converted at once would all be JSON text at once.
         for start in range(0, len(rows), batch_rows):
             batch = _driver_values(dialect, table, columns, rows[start : start + batch_rows])
@@ -80,13 +81,16 @@ def bulk_upsert(
                 last = {tuple(v[i] for i in positions): v for v in batch}
                 if len(last) != len(batch):
                     batch = list(last.values())
-            if dialect.name == "postgresql":
-                if new and _copy_new(cursor, dialect.identifier_preparer.format_table(table), columns, batch):
-                    continue
+            yield batch
+
+    try:
+        if dialect.name != "postgresql":
+            for batch in batches():
+                cursor.executemany(sql, batch)
+        elif not (new and _copy_new(cursor, dialect.identifier_preparer.format_table(table), columns, batches)):
+            for batch in batches():
                 _copy_into_stage(cursor, table, columns, batch)
                 cursor.execute(sql)
-            else:
-                cursor.executemany(sql, batch)
     finally:
         cursor.close()
     return len(rows)
@@ -108,16 +112,21 @@ def _copy_into_stage(cursor: Any, table: Table, columns: Sequence[str], batch: l
     _copy(cursor, f'"{stage}"', columns, batch)
 
 
-def _copy_new(cursor: Any, target: str, columns: Sequence[str], batch: list[tuple]) -> bool:
-    """PostgreSQL: COPY rows with new keys straight into the table. False, with nothing written,
-    when a key is stored after all (written since the caller looked)."""
+def _copy_new(
+    cursor: Any, target: str, columns: Sequence[str], batches: Callable[[], Iterator[list[tuple]]]
+) -> bool:
+    """PostgreSQL: COPY rows with new keys straight into the table, under one savepoint (one
+    subtransaction per call, however many batches). False, with nothing written, when a key is
+    stored after all (written since the caller looked)."""
     from psycopg2.errors import UniqueViolation  # the COPY path is psycopg2's (`copy_expert`)
 
     cursor.execute("SAVEPOINT lens_copy_new")
     try:
-        _copy(cursor, target, columns, batch)
+        for batch in batches():
+            _copy(cursor, target, columns, batch)
     except UniqueViolation:
         cursor.execute("ROLLBACK TO SAVEPOINT lens_copy_new")
+        cursor.execute("RELEASE SAVEPOINT lens_copy_new")
         return False
     cursor.execute("RELEASE SAVEPOINT lens_copy_new")
     return True

@@ -7,7 +7,9 @@ import time
 
 import pytest
 from dagster import instance_for_test
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
+from lens_pipeline.defs.collectors.gpu_devices import device_queries
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
 from lens_pipeline.prom.reader import PromError, PromReader
@@ -15,10 +17,11 @@ from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.vendors import PROFILES
-from lens_pipeline_tests.defs.support import materializations, materialize_cluster
+from lens_pipeline_tests.defs.support import edit_registry, materializations, materialize_cluster
 
 AMD = "sim-amd-0"
 PROFILE = PROFILES["amd"]
+PROFILES_OF_AMD = (PROFILE,)
 
 
 @pytest.fixture
@@ -84,9 +87,49 @@ def test_close_drops_answers_nobody_took(sim):
     assert _asked(fleet) == 2
 
 
-def test_a_run_asks_each_query_once(sim, tmp_path):
+def test_a_malformed_prometheus_url_is_the_parts_error_not_the_runs(sim, tmp_path):
+    reader = PromReader(AMD, "http://[bad", timeout_seconds=1, retries=0)
+    reader.prefetch([PROFILE.identity_query()])  # nothing to ask with; not an error here
+    with pytest.raises(PromError, match="no client for"):
+        reader.vector(PROFILE.identity_query())
+
+    # In a batch, the cluster with the bad URL keeps its nodes (without fresh utilization) and
+    # loses its devices; the cluster after it is collected in full.
+    fleet = SimFleet.generate(clusters=2, nodes=4, seed=6, vendor="mixed")
+    first, second = (c.name for c in fleet)
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        registry = write_registry(tmp_path / "clusters.yaml", server)
+        edit_registry(registry, lambda d: d["clusters"][0].update(prometheus_url="http://[bad"))
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [first, second])
+        result = materialize_cluster(
+            ["gpu_nodes", "gpu_devices"],
+            instance=instance,
+            tags={ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: second},
+            raise_on_error=False,
+            resources={
+                "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                "prometheus": PrometheusResource(timeout_seconds=5),
+                "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
+            },
+        )
+    assert result.success
+    assert sorted(m.partition for m in materializations(result, "gpu_nodes")) == sorted([first, second])
+    assert [m.partition for m in materializations(result, "gpu_devices")] == [second]
+    (fresh,) = (e for e in result.get_asset_check_evaluations() if e.check_name == "utilization_fresh")
+    assert fresh.metadata["clusters_failing"].value == [first]
+
+
+def test_a_run_asks_each_query_once(sim, tmp_path, monkeypatch):
     fleet, _server, registry = sim
     fleet.cluster(AMD).request_log.reset()
+    asked_ahead: list[str] = []
+    prefetch = PromReader.prefetch
+
+    def recording(reader: PromReader, queries) -> None:
+        asked_ahead.extend(queries)
+        prefetch(reader, queries)
+
+    monkeypatch.setattr(PromReader, "prefetch", recording)
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [AMD])
         result = materialize_cluster(
@@ -106,3 +149,5 @@ def test_a_run_asks_each_query_once(sim, tmp_path):
     # gpu_nodes: the utilization query; gpu_devices: identities, each figure, the NICs.
     assert asked == {"gpu_nodes": 1, "gpu_pods": 0, "gpu_devices": 2 + len(PROFILE.device_metrics)}
     assert _asked(fleet) == sum(asked.values())
+    # gpu_devices' queries were asked while gpu_pods worked, before gpu_devices asked for them.
+    assert set(device_queries(PROFILES_OF_AMD)) <= set(asked_ahead)

@@ -97,12 +97,12 @@ class ClusterStep:
         the envelope, 2-3 s a run that was spent waiting for `gpu_devices`' answers."""
         try:
             reader = self.prometheus_reader()
-            queries = [q for part in parts if part.prometheus_queries for q in part.prometheus_queries(self)]
+            if reader is not None:
+                reader.prefetch(
+                    [q for part in parts if part.prometheus_queries for q in part.prometheus_queries(self)]
+                )
         except Exception as exc:  # the part itself meets the same error and reports it
             self.log.debug(f"cluster {self.cluster.name}: no Prometheus queries asked ahead: {exc}")
-            return
-        if reader is not None:
-            reader.prefetch(queries)
 
     def release(self) -> None:
         """The end of the cluster's turn: its listed objects and unused answers are let go."""
