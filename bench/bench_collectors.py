@@ -20,9 +20,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 import yaml
 from measure import machine_busy_seconds, postgres_cpu_seconds, process_cpu_seconds
 
+CORES = psutil.cpu_count() or 1
 ALL = ("gpu_nodes", "gpu_pods", "gpu_workloads", "gpu_devices", "storage_backends")
 
 
@@ -135,7 +137,7 @@ def run(cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...]
             )
             print(
                 f"    cpu of the simulator {simulator_cpu:.2f} s, of PostgreSQL {database_cpu:.2f} s; "
-                f"machine busy {machine_busy:.2f} s of {2 * wall:.2f} core-seconds (2 cores)"
+                f"machine busy {machine_busy:.2f} s of {CORES * wall:.2f} core-seconds ({CORES} cores)"
             )
             print(f"    requests: {json.dumps(counts)}")
     return 0
@@ -150,7 +152,7 @@ def _cpu_seconds() -> float:
 
 def _others_cpu(simulator_pid: int) -> tuple[float, float, float]:
     """CPU seconds of the simulator and of PostgreSQL so far, and the whole machine's busy seconds:
-    on 2 cores they compete with the collectors for the same time."""
+    on a small machine they compete with the collectors for the same cores."""
     return process_cpu_seconds(simulator_pid), postgres_cpu_seconds(), machine_busy_seconds()
 
 
