@@ -1,6 +1,8 @@
-"""Run retention: a month of one-minute runs per cluster must not grow the Dagster instance without
-bound. `dagster.yaml`'s `retention` purges schedule and sensor ticks; finished runs (and their event
-logs) older than `keep_hours` are deleted here, every hour. See docs/OPERATIONS.md for the growth."""
+"""Retention: a month of one-minute runs per cluster must not grow the Dagster instance nor the Lens
+database without bound. `dagster.yaml`'s `retention` purges schedule and sensor ticks; finished runs
+(and their event logs) older than `keep_hours` are deleted here every hour, and the Lens history
+nothing needs any more (superseded snapshots, the device changelog) every night after `keep_days`.
+See docs/OPERATIONS.md for the growth."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -17,6 +19,9 @@ from dagster import (
 )
 from dagster._core.storage.dagster_run import FINISHED_STATUSES
 from pydantic import Field
+
+from lens_pipeline.defs.resources import LensDatabase
+from lens_pipeline.store.history import prune_history
 
 
 class RetentionConfig(Config):
@@ -57,4 +62,37 @@ prune_every_hour = ScheduleDefinition(
     description="Keeps the Dagster instance to the last day of runs.",
 )
 
-defs = Definitions(jobs=[prune_run_history], schedules=[prune_every_hour])
+class HistoryRetentionConfig(Config):
+    keep_days: float = Field(default=30.0, ge=0, description="history younger than this stays")
+
+
+@op(
+    description="Delete the Lens history older than `keep_days` that nothing needs: snapshots superseded "
+    "by a newer one of the same pod or workload (the newest always stays) and device changelog rows."
+)
+def delete_old_history(
+    context: OpExecutionContext, config: HistoryRetentionConfig, lens_db: LensDatabase
+) -> Output[int]:
+    before = datetime.now(UTC) - timedelta(days=config.keep_days)
+    deleted = prune_history(lens_db.engine(), before)
+    context.log.info(f"deleted {deleted} (rows older than {before.isoformat()})")
+    return Output(
+        sum(deleted.values()),
+        metadata={**{f"deleted_{table}": n for table, n in deleted.items()}, "older_than": before.isoformat()},
+    )
+
+
+@job(description="Lens history retention: superseded snapshots and old changelog rows go after keep_days.")
+def prune_lens_history() -> None:
+    delete_old_history()
+
+
+prune_every_night = ScheduleDefinition(
+    name="prune_lens_history_nightly",
+    job=prune_lens_history,
+    cron_schedule="43 3 * * *",
+    default_status=DefaultScheduleStatus.RUNNING,
+    description="Keeps the Lens database's history tables to the last 30 days (the newest snapshots stay).",
+)
+
+defs = Definitions(jobs=[prune_run_history, prune_lens_history], schedules=[prune_every_hour, prune_every_night])

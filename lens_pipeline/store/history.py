@@ -1,0 +1,61 @@
+"""Retention of the Lens history tables that only grow with churn.
+
+What goes, when older than the cutoff:
+- snapshots superseded by a newer one of the same object (`pod_snapshot`, `gpu_workload_snapshot`).
+  An object's newest snapshot always stays: the collectors compare resourceVersions with it to
+  write a snapshot only on change, and without it they would write the object again;
+- `node_device_changelog` rows (an audit log: nothing is computed from old entries).
+
+Deleted in batches of ids, each batch its own transaction, so a first pruning of months of history
+neither holds locks for long nor builds one huge transaction; a batch is chosen with a plain
+SELECT, which MySQL allows on the table a DELETE then names (a DELETE with a subquery on its own
+table it refuses).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Engine, Select, Table, delete, exists, select
+from sqlalchemy.orm import aliased
+
+from lens_pipeline.store.db import write_transaction
+from lens_pipeline.store.schema import gpu_workload_snapshot, node_device_changelog, pod_snapshot
+
+BATCH = 5000
+# Snapshot tables and the column naming the object a snapshot is of.
+SNAPSHOTS: tuple[tuple[Table, str], ...] = ((pod_snapshot, "pod_uid"), (gpu_workload_snapshot, "uid"))
+
+
+def prune_history(engine: Engine, older_than: datetime, *, batch: int = BATCH) -> dict[str, int]:
+    """Delete the history rows older than `older_than` that nothing needs; rows deleted per table."""
+    deleted: dict[str, int] = {}
+    for table, object_column in SNAPSHOTS:
+        newer = aliased(table)
+        superseded = exists().where(
+            newer.c.cluster_name == table.c.cluster_name,
+            newer.c[object_column] == table.c[object_column],
+            newer.c.resource_version > table.c.resource_version,
+        )
+        deleted[table.name] = _delete_in_batches(
+            engine, table, select(table.c.id).where(table.c.created_at < older_than, superseded), batch
+        )
+    deleted[node_device_changelog.name] = _delete_in_batches(
+        engine,
+        node_device_changelog,
+        select(node_device_changelog.c.id).where(node_device_changelog.c.created_at < older_than),
+        batch,
+    )
+    return deleted
+
+
+def _delete_in_batches(engine: Engine, table: Table, ids: Select, batch: int) -> int:
+    total = 0
+    while True:
+        with write_transaction(engine) as conn:
+            chosen = list(conn.execute(ids.order_by(table.c.id).limit(batch)).scalars())
+            if chosen:
+                conn.execute(delete(table).where(table.c.id.in_(chosen)))
+        total += len(chosen)
+        if len(chosen) < batch:
+            return total
