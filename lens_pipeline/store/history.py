@@ -17,7 +17,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import Engine, Select, Table, delete, exists, select
-from sqlalchemy.orm import aliased
 
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.schema import gpu_workload_snapshot, node_device_changelog, pod_snapshot
@@ -31,7 +30,7 @@ def prune_history(engine: Engine, older_than: datetime, *, batch: int = BATCH) -
     """Delete the history rows older than `older_than` that nothing needs; rows deleted per table."""
     deleted: dict[str, int] = {}
     for table, object_column in SNAPSHOTS:
-        newer = aliased(table)
+        newer = table.alias("newer")
         superseded = exists().where(
             newer.c.cluster_name == table.c.cluster_name,
             newer.c[object_column] == table.c[object_column],

@@ -62,6 +62,7 @@ prune_every_hour = ScheduleDefinition(
     description="Keeps the Dagster instance to the last day of runs.",
 )
 
+
 class HistoryRetentionConfig(Config):
     keep_days: float = Field(default=30.0, ge=0, description="history younger than this stays")
 
