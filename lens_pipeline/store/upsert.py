@@ -47,8 +47,8 @@ def bulk_upsert(
     Every row must carry the same columns. `update_columns` defaults to every column of the row
     except the key, `id` and `created_at`; an empty list makes conflicts a no-op. `new` says the
     caller found none of the keys stored: PostgreSQL then COPYs the rows straight into the table
-    (about half its work at a first run of 110k pods), and upserts a batch only if a key turns out
-    to be stored after all.
+    (about half its work at a first run of 110k pods), and upserts them instead, all of them, only
+    if a key turns out to be stored after all.
     """
     if not rows:
         return 0

@@ -207,13 +207,13 @@ class CollectorRun:
 
     step: ClusterStep
     problems: list[Problem] = field(default_factory=list)
-    prometheus_queries: int = 0
 
     def __post_init__(self) -> None:
         self.cluster = self.step.cluster
         self.snapshot = self.step.snapshot()
         self._started = datetime.now(UTC)
         self._stats_before = self.snapshot.reader.stats.copy()
+        self._prometheus_before = self._prometheus_answers()
 
     def check(self, name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> AssetCheckResult:
         return check(name, passed, warn=warn, **metadata)
@@ -221,6 +221,12 @@ class CollectorRun:
     def readable_check(self, name: str) -> AssetCheckResult:
         """The check every collector has: every object could be read (a warning, not an error)."""
         return self.check(name, not self.problems, warn=True, malformed_objects=len(self.problems))
+
+    def _prometheus_answers(self) -> int:
+        """Answers the cluster's Prometheus reader gave so far: shared by the parts of the turn, so
+        a part counts its own as the difference, as it counts its Kubernetes reads."""
+        reader = self.step.prometheus_reader()
+        return reader.queries if reader is not None else 0
 
     def finish(self, metadata: dict[str, Any], checks: list[AssetCheckResult]) -> MaterializeResult:
         for problem in self.problems[:MAX_LOGGED_PROBLEMS]:
@@ -231,7 +237,7 @@ class CollectorRun:
                 "cluster": self.cluster.name,
                 **metadata,
                 "duration_seconds": round((datetime.now(UTC) - self._started).total_seconds(), 3),
-                **read_metadata(stats, self.prometheus_queries),
+                **read_metadata(stats, self._prometheus_answers() - self._prometheus_before),
                 **problems_metadata(self.problems),
             },
             check_results=checks,

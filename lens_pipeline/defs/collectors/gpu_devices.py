@@ -42,7 +42,6 @@ def gpu_devices(step: ClusterStep) -> MaterializeResult:
         raise RuntimeError(
             f"cluster {run.cluster.name!r}: no prometheus_url in the registry; devices come from metrics"
         )
-    asked = prom.queries
     snapshot = run.snapshot
     models = gpu_models_by_node(snapshot.nodes, snapshot.profiles)
     not_ready, known_nodes = set(), set()
@@ -65,7 +64,6 @@ def gpu_devices(step: ClusterStep) -> MaterializeResult:
     except PromError as exc:
         step.log.warning(f"{exc}; RDMA devices left as stored")
         nics = None
-    run.prometheus_queries = prom.queries - asked
 
     with write_transaction(step.lens_db.engine()) as conn:
         written = write_devices(

@@ -39,7 +39,6 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
     utilization: dict[str, float] | None = {}
     prom_error = "no prometheus_url in the registry" if prom is None else None
     if prom is not None:
-        asked = prom.queries
         try:
             for profile in snapshot.profiles:
                 samples = prom.vector(profile.node_utilization_query())
@@ -49,7 +48,6 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
         except PromError as exc:
             step.log.warning(f"{exc}; keeping each node's last stored utilization")
             prom_error, utilization = str(exc), None
-        run.prometheus_queries = prom.queries - asked
 
     with write_transaction(step.lens_db.engine()) as conn:
         if utilization is None:
