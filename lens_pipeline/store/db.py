@@ -19,6 +19,8 @@ import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from lens_pipeline.store.write_behind import write_behind
+
 _ENGINES: dict[str, Engine] = {}
 # JSON columns (labels, snapshots) through orjson: several times faster both ways than `json`.
 JSON_CODEC = {
@@ -88,13 +90,16 @@ def _make_sqlite_transactions_immediate(engine: Engine) -> None:
 def write_transaction(engine: Engine) -> Iterator[Connection]:
     """One transaction: everything inside commits together or not at all.
 
+    On PostgreSQL its bulk writes run behind, on a helper thread (`write_behind`): they are all done
+    before the commit, and a statement run on the connection sees them.
+
     On a SQLite file, the commit does not checkpoint the write-ahead log itself (SQLite's default,
     copying the whole transaction into the database file before the commit returns: 2 s of a
     collector run that writes 110k pods); a background thread checkpoints it right after, while the
     run goes on, and the connection goes back to the pool checkpointing as usual.
     """
     if engine.dialect.name != "sqlite":
-        with engine.begin() as connection:
+        with engine.begin() as connection, write_behind(connection):
             yield connection
         return
     with engine.connect() as connection:
@@ -103,7 +108,7 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
         database = next((row[2] for row in raw.execute("PRAGMA database_list") if row[1] == "main"), "")
         raw.execute("PRAGMA wal_autocheckpoint=0")
         try:
-            with connection.begin():
+            with connection.begin(), write_behind(connection):
                 yield connection
         finally:
             try:
@@ -142,7 +147,9 @@ class _Checkpointer:
             try:
                 # mode=rw: a file removed since (a test's temporary database) is not created again.
                 uri = f"file:{quote(database)}?mode=rw"
-                with closing(sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)) as connection:
+                with closing(
+                    sqlite3.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+                ) as connection:
                     connection.execute("PRAGMA wal_checkpoint(PASSIVE)")
             except Exception:
                 pass  # the next commit's checkpoint, or SQLite's own, copies what this one did not

@@ -17,6 +17,7 @@ import io
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
+from functools import partial
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -25,8 +26,11 @@ from sqlalchemy.engine import Dialect
 
 from lens_pipeline.kube.reader import paused_gc
 from lens_pipeline.store.schema import logical_key
+from lens_pipeline.store.write_behind import WriteBehind
 
 BATCH_ROWS = 1000
+# Write-behind on PostgreSQL: COPY text sent per chunk of this many characters.
+COPY_CHUNK_CHARS = 4 << 20
 # Columns an upsert never overwrites: the surrogate id and the first-seen time.
 NEVER_UPDATED = frozenset({"id", "created_at"})
 
@@ -65,10 +69,14 @@ def bulk_upsert(
         if row.keys() != keys:
             raise ValueError(f"{table.name}: every row of one upsert must have the same columns")
     dialect = conn.dialect
-    sql = _upsert_sql(dialect, table, columns, key, update_columns)
     positions = [columns.index(k) for k in key]
     if not conn.in_transaction():
         conn.begin()  # what `conn.execute` would do: the rows belong to the caller's transaction
+    writer = WriteBehind.of(conn)
+    if writer is not None:
+        _submit(writer, dialect, table, columns, key, update_columns, rows, new=new, batch_rows=batch_rows)
+        return len(rows)
+    sql = _upsert_sql(dialect, table, columns, key, update_columns)
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
 
     def batches() -> Iterator[list[tuple]]:
@@ -87,13 +95,74 @@ def bulk_upsert(
         if dialect.name != "postgresql":
             for batch in batches():
                 cursor.executemany(sql, batch)
-        elif not (new and _copy_new(cursor, dialect.identifier_preparer.format_table(table), columns, batches)):
+        elif not (
+            new and _copy_new(cursor, dialect.identifier_preparer.format_table(table), columns, batches)
+        ):
             for batch in batches():
                 _copy_into_stage(cursor, table, columns, batch)
                 cursor.execute(sql)
     finally:
         cursor.close()
     return len(rows)
+
+
+def _submit(
+    writer: WriteBehind,
+    dialect: Dialect,
+    table: Table,
+    columns: list[str],
+    key: Sequence[str],
+    update_columns: list[str],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    new: bool,
+    batch_rows: int,
+) -> None:
+    """`bulk_upsert` inside a write-behind transaction (PostgreSQL): rows are converted to COPY
+    text here, in chunks of `COPY_CHUNK_CHARS`, and sent by the helper thread, a few statements per
+    chunk."""
+    if update_columns:
+        # A chunk holds several batches, and one statement may not update a row twice: the last
+        # row of a key wins, as it would row by row.
+        getter = itemgetter(*key)
+        last = {getter(row): row for row in rows}
+        if len(last) != len(rows):
+            rows = list(last.values())
+    target = dialect.identifier_preparer.format_table(table)
+    sql = _upsert_sql(dialect, table, columns, key, update_columns)
+    chunk: list[str] = []
+    size = 0
+    for start in range(0, len(rows), batch_rows):
+        text = _copy_text(_driver_values(dialect, table, columns, rows[start : start + batch_rows]))
+        chunk.append(text)
+        size += len(text)
+        if size >= COPY_CHUNK_CHARS or start + batch_rows >= len(rows):
+            job = partial(_copy_chunk, table, target, columns, sql, "".join(chunk), new)
+            writer.submit(table.name, size, job)
+            chunk, size = [], 0
+
+
+def _copy_chunk(
+    table: Table, target: str, columns: Sequence[str], sql: str, text: str, new: bool, cursor: Any
+) -> None:
+    """PostgreSQL, on the write-behind thread: rows with new keys COPYed straight into the table
+    under a savepoint, falling back to the staged upsert if a key is stored after all; other rows
+    through the stage."""
+    if new:
+        from psycopg2.errors import UniqueViolation
+
+        cursor.execute("SAVEPOINT lens_copy_new")
+        try:
+            _copy(cursor, target, columns, text)
+        except UniqueViolation:
+            cursor.execute("ROLLBACK TO SAVEPOINT lens_copy_new")
+        else:
+            cursor.execute("RELEASE SAVEPOINT lens_copy_new")
+            return
+        cursor.execute("RELEASE SAVEPOINT lens_copy_new")
+    _prepare_stage(cursor, table)
+    _copy(cursor, f'"{_stage_name(table)}"', columns, text)
+    cursor.execute(sql)
 
 
 def _stage_name(table: Table) -> str:
@@ -103,13 +172,17 @@ def _stage_name(table: Table) -> str:
 def _copy_into_stage(cursor: Any, table: Table, columns: Sequence[str], batch: list[tuple]) -> None:
     """PostgreSQL: the batch into an empty temporary copy of the table by COPY, several times faster
     than a multi-row INSERT to parse; `_upsert_sql` then moves it with one INSERT ... SELECT."""
+    _prepare_stage(cursor, table)
+    _copy(cursor, f'"{_stage_name(table)}"', columns, _copy_text(batch))
+
+
+def _prepare_stage(cursor: Any, table: Table) -> None:
     stage = _stage_name(table)
     cursor.execute(
         f'CREATE TEMPORARY TABLE IF NOT EXISTS "{stage}" ON COMMIT DROP AS '
         f'SELECT * FROM "{table.name}" WITH NO DATA'
     )
     cursor.execute(f'TRUNCATE "{stage}"')
-    _copy(cursor, f'"{stage}"', columns, batch)
 
 
 def _copy_new(
@@ -118,12 +191,12 @@ def _copy_new(
     """PostgreSQL: COPY rows with new keys straight into the table, under one savepoint (one
     subtransaction per call, however many batches). False, with nothing written, when a key is
     stored after all (written since the caller looked)."""
-    from psycopg2.errors import UniqueViolation  # the COPY path is psycopg2's (`copy_expert`)
+    from psycopg2.errors import UniqueViolation
 
     cursor.execute("SAVEPOINT lens_copy_new")
     try:
         for batch in batches():
-            _copy(cursor, target, columns, batch)
+            _copy(cursor, target, columns, _copy_text(batch))
     except UniqueViolation:
         cursor.execute("ROLLBACK TO SAVEPOINT lens_copy_new")
         cursor.execute("RELEASE SAVEPOINT lens_copy_new")
@@ -132,10 +205,18 @@ def _copy_new(
     return True
 
 
-def _copy(cursor: Any, target: str, columns: Sequence[str], batch: list[tuple]) -> None:
+def _copy_text(batch: list[tuple]) -> str:
+    return "".join("\t".join(map(_copy_field, row)) + "\n" for row in batch)
+
+
+def _copy(cursor: Any, target: str, columns: Sequence[str], text: str) -> None:
     names = ", ".join(f'"{c}"' for c in columns)
-    text = "".join("\t".join(map(_copy_field, row)) + "\n" for row in batch)
-    cursor.copy_expert(f"COPY {target} ({names}) FROM STDIN", io.StringIO(text))
+    # Bytes read in one piece: one send, not one per 8 KiB (each a GIL round trip on the helper
+    # thread), and no copy of the text four bytes a character (what a StringIO holds).
+    from psycopg2.extensions import encodings  # the COPY path is psycopg2's (`copy_expert`)
+
+    data = text.encode(encodings[cursor.connection.encoding])
+    cursor.copy_expert(f"COPY {target} ({names}) FROM STDIN", io.BytesIO(data), size=len(data) + 1)
 
 
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -160,7 +241,11 @@ def _copy_field(value: Any) -> str:
 
 
 def _upsert_sql(
-    dialect: Dialect, table: Table, columns: Sequence[str], key: Sequence[str], update_columns: Sequence[str]
+    dialect: Dialect,
+    table: Table,
+    columns: Sequence[str],
+    key: Sequence[str],
+    update_columns: Sequence[str],
 ) -> str:
     """The dialect's upsert of `columns` on the logical `key`, in the driver's parameter style."""
     quote = dialect.identifier_preparer.quote
@@ -185,7 +270,9 @@ def _upsert_sql(
     return f"INSERT INTO {target} {values} ON CONFLICT ({conflict}) DO UPDATE SET {sets}"
 
 
-def _driver_values(dialect: Dialect, table: Table, columns: Sequence[str], rows: Sequence[Mapping]) -> list[tuple]:
+def _driver_values(
+    dialect: Dialect, table: Table, columns: Sequence[str], rows: Sequence[Mapping]
+) -> list[tuple]:
     """Each row as a tuple the driver takes, through each column type's bind processor (timestamps
     to UTC, JSON to text...); a column without one passes its values through untouched."""
     by_column = [[row[c] for row in rows] for c in columns]
