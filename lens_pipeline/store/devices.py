@@ -84,5 +84,6 @@ def write_devices(
         node_device_changelog,
         [{**scope, **c, "node_id": ids.get(c["node_name"]), "created_at": now} for c in changes],
         update_columns=[],
+        new=True,  # stamped with this run's time: no stored row has their key
     )
     return {"gpu_device": gpu_result, "rdma_device": nic_result, "changes": changes}

@@ -33,8 +33,9 @@ def insert_new_snapshots(
     snapshots: Sequence[Row],
     *,
     now: datetime,
-) -> list[Row]:
-    """Insert the snapshots whose resourceVersion is newer than the object's last stored one."""
+) -> tuple[list[Row], set[str]]:
+    """Insert the snapshots whose resourceVersion is newer than the object's last stored one.
+    Returns them, and the uids of the objects that had no snapshot stored before."""
     known = latest_versions(conn, table, cluster_name, uid_column)
     fresh = [
         {"cluster_name": cluster_name, **s, "created_at": now}
@@ -42,7 +43,7 @@ def insert_new_snapshots(
         if s["resource_version"] > known.get(s[uid_column], -1)
     ]
     bulk_upsert(conn, table, fresh, update_columns=[], new=True)
-    return fresh
+    return fresh, {s[uid_column] for s in fresh if s[uid_column] not in known}
 
 
 def write_pods(
@@ -86,12 +87,20 @@ def write_pods(
         vanish_filter=lambda stored: stored["end_at"] is None,
         protect=protect,
     )
-    new_snapshots = insert_new_snapshots(conn, pod_snapshot, cluster_name, "pod_uid", snapshots, now=now)
-    events = [{**scope, **e} for s in new_snapshots for e in events_of(s["pod_uid"])]
-    bulk_upsert(conn, gpu_pods_event, events, update_columns=[])
+    new_snapshots, first_seen = insert_new_snapshots(
+        conn, pod_snapshot, cluster_name, "pod_uid", snapshots, now=now
+    )
+    # The events of a pod seen for the first time are new (PostgreSQL COPYs them straight into the
+    # table); a pod seen before may bring again a condition already stored, which is left alone.
+    first_events, other_events = [], []
+    for s in new_snapshots:
+        uid = s["pod_uid"]
+        (first_events if uid in first_seen else other_events).extend({**scope, **e} for e in events_of(uid))
+    bulk_upsert(conn, gpu_pods_event, first_events, update_columns=[], new=True)
+    bulk_upsert(conn, gpu_pods_event, other_events, update_columns=[])
     return {
         "gpu_pods": pods_result,
         "pod_resource": resources_result,
         "pod_snapshot": len(new_snapshots),
-        "gpu_pods_event": len(events),
+        "gpu_pods_event": len(first_events) + len(other_events),
     }

@@ -82,7 +82,9 @@ def write_workloads(
         update_columns=[],
         new=True,
     )
-    new_snapshots = insert_new_snapshots(conn, gpu_workload_snapshot, cluster_name, "uid", snapshots, now=now)
+    new_snapshots, _ = insert_new_snapshots(
+        conn, gpu_workload_snapshot, cluster_name, "uid", snapshots, now=now
+    )
     return {
         "gpu_workload": result,
         "workload_pod_reference": len(new_pairs),
