@@ -14,6 +14,7 @@ first run's time.
 from __future__ import annotations
 
 import io
+import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -29,8 +30,9 @@ from lens_pipeline.store.schema import logical_key
 from lens_pipeline.store.write_behind import WriteBehind
 
 BATCH_ROWS = 1000
-# Write-behind on PostgreSQL: COPY text sent per chunk of this many characters.
-COPY_CHUNK_CHARS = 4 << 20
+# Write-behind: converted rows handed to the helper thread in chunks of about this many bytes.
+CHUNK_BYTES = 4 << 20
+SQLITE_STATEMENT_ROWS = 5000
 # Columns an upsert never overwrites: the surrogate id and the first-seen time.
 NEVER_UPDATED = frozenset({"id", "created_at"})
 
@@ -118,9 +120,10 @@ def _submit(
     new: bool,
     batch_rows: int,
 ) -> None:
-    """`bulk_upsert` inside a write-behind transaction (PostgreSQL): rows are converted to COPY
-    text here, in chunks of `COPY_CHUNK_CHARS`, and sent by the helper thread, a few statements per
-    chunk."""
+    """`bulk_upsert` inside a write-behind transaction: rows are converted here, batch by batch,
+    and handed to the helper thread in chunks of about `CHUNK_BYTES`, one job each: on SQLite one
+    multi-row INSERT per batch (the sqlite3 module gives the GIL back once per statement, where
+    `executemany` does it once per row), on PostgreSQL COPY text."""
     if update_columns:
         # A chunk holds several batches, and one statement may not update a row twice: the last
         # row of a key wins, as it would row by row.
@@ -128,32 +131,71 @@ def _submit(
         last = {getter(row): row for row in rows}
         if len(last) != len(rows):
             rows = list(last.values())
-    target = dialect.identifier_preparer.format_table(table)
-    sql = _upsert_sql(dialect, table, columns, key, update_columns)
-    chunk: list[str] = []
+    encode: Callable[[list[tuple]], tuple[Any, int]]
+    if dialect.name == "sqlite":
+        # One bound parameter per value, and statements of many rows: the helper waits for the GIL
+        # after each statement (up to the interpreter's switch interval, 5 ms, while the
+        # collector's thread computes), so 1,000-row statements cost it seconds of waiting.
+        limit = writer.dbapi_connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        batch_rows = max(1, min(SQLITE_STATEMENT_ROWS, limit // len(columns)))
+        statements: dict[int, str] = {}  # by number of rows
+
+        def encode(batch: list[tuple]) -> tuple[tuple[str, list], int]:
+            sql = statements.get(len(batch))
+            if sql is None:
+                sql = statements[len(batch)] = _upsert_sql(
+                    dialect, table, columns, key, update_columns, len(batch)
+                )
+            flat = [value for row in batch for value in row]
+            return (sql, flat), 8 * len(flat) + sum(len(v) for v in flat if v.__class__ is str)
+
+        job: Callable[..., None] = _execute_statements
+    else:
+        encoding = _python_encoding(writer.dbapi_connection)
+        target = dialect.identifier_preparer.format_table(table)
+
+        def encode(batch: list[tuple]) -> tuple[bytes, int]:
+            data = _copy_text(batch).encode(encoding)
+            return data, len(data)
+
+        sql = _upsert_sql(dialect, table, columns, key, update_columns)
+        job = partial(_copy_chunk, table, target, columns, sql, new)
+    chunk: list[Any] = []
     size = 0
     for start in range(0, len(rows), batch_rows):
-        text = _copy_text(_driver_values(dialect, table, columns, rows[start : start + batch_rows]))
-        chunk.append(text)
-        size += len(text)
-        if size >= COPY_CHUNK_CHARS or start + batch_rows >= len(rows):
-            job = partial(_copy_chunk, table, target, columns, sql, "".join(chunk), new)
-            writer.submit(table.name, size, job)
+        piece, piece_size = encode(_driver_values(dialect, table, columns, rows[start : start + batch_rows]))
+        chunk.append(piece)
+        size += piece_size
+        if size >= CHUNK_BYTES or start + batch_rows >= len(rows):
+            writer.submit(table.name, size, partial(job, chunk))
             chunk, size = [], 0
 
 
+def _execute_statements(statements: list[tuple[str, list]], cursor: Any) -> None:
+    for sql, parameters in statements:
+        cursor.execute(sql, parameters)
+
+
+def _python_encoding(dbapi_connection: Any) -> str:
+    from psycopg2.extensions import encodings  # the COPY path is psycopg2's (`copy_expert`)
+
+    return encodings[dbapi_connection.encoding]
+
+
 def _copy_chunk(
-    table: Table, target: str, columns: Sequence[str], sql: str, text: str, new: bool, cursor: Any
+    table: Table, target: str, columns: Sequence[str], sql: str, new: bool, pieces: list[bytes], cursor: Any
 ) -> None:
     """PostgreSQL, on the write-behind thread: rows with new keys COPYed straight into the table
     under a savepoint, falling back to the staged upsert if a key is stored after all; other rows
     through the stage."""
+    data = b"".join(pieces)
+    del pieces[:]
     if new:
         from psycopg2.errors import UniqueViolation
 
         cursor.execute("SAVEPOINT lens_copy_new")
         try:
-            _copy(cursor, target, columns, text)
+            _copy(cursor, target, columns, data)
         except UniqueViolation:
             cursor.execute("ROLLBACK TO SAVEPOINT lens_copy_new")
         else:
@@ -161,7 +203,7 @@ def _copy_chunk(
             return
         cursor.execute("RELEASE SAVEPOINT lens_copy_new")
     _prepare_stage(cursor, table)
-    _copy(cursor, f'"{_stage_name(table)}"', columns, text)
+    _copy(cursor, f'"{_stage_name(table)}"', columns, data)
     cursor.execute(sql)
 
 
@@ -173,7 +215,12 @@ def _copy_into_stage(cursor: Any, table: Table, columns: Sequence[str], batch: l
     """PostgreSQL: the batch into an empty temporary copy of the table by COPY, several times faster
     than a multi-row INSERT to parse; `_upsert_sql` then moves it with one INSERT ... SELECT."""
     _prepare_stage(cursor, table)
-    _copy(cursor, f'"{_stage_name(table)}"', columns, _copy_text(batch))
+    _copy(
+        cursor,
+        f'"{_stage_name(table)}"',
+        columns,
+        _copy_text(batch).encode(_python_encoding(cursor.connection)),
+    )
 
 
 def _prepare_stage(cursor: Any, table: Table) -> None:
@@ -193,10 +240,11 @@ def _copy_new(
     stored after all (written since the caller looked)."""
     from psycopg2.errors import UniqueViolation
 
+    encoding = _python_encoding(cursor.connection)
     cursor.execute("SAVEPOINT lens_copy_new")
     try:
         for batch in batches():
-            _copy(cursor, target, columns, _copy_text(batch))
+            _copy(cursor, target, columns, _copy_text(batch).encode(encoding))
     except UniqueViolation:
         cursor.execute("ROLLBACK TO SAVEPOINT lens_copy_new")
         cursor.execute("RELEASE SAVEPOINT lens_copy_new")
@@ -209,13 +257,10 @@ def _copy_text(batch: list[tuple]) -> str:
     return "".join("\t".join(map(_copy_field, row)) + "\n" for row in batch)
 
 
-def _copy(cursor: Any, target: str, columns: Sequence[str], text: str) -> None:
+def _copy(cursor: Any, target: str, columns: Sequence[str], data: bytes) -> None:
+    """COPY text, encoded in the connection's encoding, into `target`."""
     names = ", ".join(f'"{c}"' for c in columns)
-    # Bytes read in one piece: one send, not one per 8 KiB (each a GIL round trip on the helper
-    # thread), and no copy of the text four bytes a character (what a StringIO holds).
-    from psycopg2.extensions import encodings  # the COPY path is psycopg2's (`copy_expert`)
-
-    data = text.encode(encodings[cursor.connection.encoding])
+    # Read in one piece: one send, not one per 8 KiB (each a GIL round trip on the helper thread).
     cursor.copy_expert(f"COPY {target} ({names}) FROM STDIN", io.BytesIO(data), size=len(data) + 1)
 
 
@@ -246,8 +291,10 @@ def _upsert_sql(
     columns: Sequence[str],
     key: Sequence[str],
     update_columns: Sequence[str],
+    rows: int = 1,
 ) -> str:
-    """The dialect's upsert of `columns` on the logical `key`, in the driver's parameter style."""
+    """The dialect's upsert of `columns` on the logical `key`, in the driver's parameter style
+    (SQLite: `rows` rows of parameters in one statement)."""
     quote = dialect.identifier_preparer.quote
     names = ", ".join(quote(c) for c in columns)
     target = f"{dialect.identifier_preparer.format_table(table)} ({names})"
@@ -261,7 +308,7 @@ def _upsert_sql(
     if dialect.name == "postgresql":
         values = f'SELECT {names} FROM "{_stage_name(table)}"'  # filled by `_copy_into_stage`
     elif dialect.name == "sqlite":
-        values = f"VALUES ({', '.join(['?'] * len(columns))})"
+        values = "VALUES " + ", ".join([f"({', '.join(['?'] * len(columns))})"] * rows)
     else:
         raise NotImplementedError(f"bulk upsert does not support the {dialect.name!r} dialect")
     if not update_columns:

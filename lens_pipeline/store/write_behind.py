@@ -1,10 +1,10 @@
 """Write-behind: a write transaction's bulk writes run on a helper thread while the run goes on.
 
 At a first run of a large cluster, most of the database's work is inserting rows (a million of
-them at 150k pods). Done in line, the collector waits for PostgreSQL's work on every COPY; the
-server works in its own process, and psycopg2 lets go of the GIL while it waits, so a helper thread
-can have the server take one chunk of rows while the collector converts the next one, and the
-machine's second core is used.
+them at 150k pods). Done in line, the collector waits for it: on PostgreSQL for the server's work
+on every COPY, on SQLite for the library's work on every row. psycopg2 and sqlite3 both let go of
+the GIL while the database works, so a helper thread can have the database take one chunk of rows
+while the collector builds and converts the next, and the machine's second core is used.
 
 What keeps it correct:
 - One connection, one transaction: the helper runs its jobs on the transaction's own DBAPI
@@ -19,9 +19,10 @@ What keeps it correct:
 - Pending work is bounded (`MAX_PENDING_BYTES` of converted rows): the collector waits rather than
   holding more.
 
-Each job makes few GIL round trips (a few statements per chunk of COPY text): a thread that gave
-the GIL back once per row would wait for the collector's thread on every row, and be far slower
-than writing in line (why SQLite, below, writes in line).
+Each job makes few GIL round trips: a few statements per chunk of COPY text, one multi-row INSERT
+per few thousand rows on SQLite. Each time the helper wants the GIL back it waits for the
+collector's thread to give it up (up to the interpreter's switch interval, 5 ms): `executemany`,
+which gives it back once per row, was far slower on the helper than in line.
 """
 
 from __future__ import annotations
@@ -37,12 +38,8 @@ from sqlalchemy.sql.util import find_tables
 
 MAX_PENDING_BYTES = 24 << 20
 _INFO_KEY = "lens_write_behind"
-# PostgreSQL only: its work is done by the server, in another process, while psycopg2 waits without
-# the GIL. SQLite's work is done by the library in this process, and Python's sqlite3 module binds
-# and steps row by row, giving the GIL back each time; one statement per batch (rows as a JSON
-# array through `json_each`) made SQLite's own work 1.7 times longer (7.6 s -> 12.9 s at 110k pods),
-# more than the other core took off the collector: measured slower end to end (docs/BENCHMARKS.md).
-DIALECTS = frozenset({"postgresql"})
+# Dialects whose driver lets go of the GIL while the database works (psycopg2, sqlite3).
+DIALECTS = frozenset({"postgresql", "sqlite"})
 
 Job = Callable[[Any], None]  # called with a DBAPI cursor of the transaction's connection
 
@@ -55,7 +52,7 @@ class WriteBehind:
     """The helper thread of one transaction, and what it has been given to do."""
 
     def __init__(self, dbapi_connection: Any, max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
-        self._dbapi = dbapi_connection
+        self.dbapi_connection = dbapi_connection
         self._max_pending_bytes = max_pending_bytes
         self._cond = threading.Condition()
         self._jobs: deque[tuple[str, int, Job]] = deque()
@@ -63,6 +60,7 @@ class WriteBehind:
         self._pending_bytes = 0
         self._running = False
         self._statement = False  # the collector's thread is running a statement on the connection
+        self._waiting: tuple[set[str] | None] | None = None  # the tables a statement waits for
         self._closed = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -118,9 +116,18 @@ class WriteBehind:
     def before_statement(self, tables: set[str] | None) -> None:
         with self._cond:
             self._resume()
-            self._cond.wait_for(
-                lambda: self._error is not None or (self._settled(tables) and not self._running)
-            )
+            # While the statement waits, the helper runs only jobs it waits for: otherwise it would
+            # take the lock first as soon as each job ends, and the statement would wait for the
+            # whole queue instead of the job under way.
+            self._waiting = (tables,)
+            self._cond.notify_all()
+            try:
+                self._cond.wait_for(
+                    lambda: self._error is not None or (self._settled(tables) and not self._running)
+                )
+            finally:
+                self._waiting = None
+                self._cond.notify_all()
             self._raise()
             self._statement = True
 
@@ -133,6 +140,11 @@ class WriteBehind:
         if self._statement:
             self._statement = False
             self._cond.notify_all()
+
+    def _may_start(self) -> bool:
+        if not self._jobs or self._statement:
+            return False
+        return self._waiting is None or not self._settled(self._waiting[0])
 
     def _settled(self, tables: set[str] | None) -> bool:
         if tables is None:
@@ -160,13 +172,13 @@ class WriteBehind:
             self._thread.join()
 
     def _run(self) -> None:
-        cursor = self._dbapi.cursor()
+        cursor = self.dbapi_connection.cursor()
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._closed or (self._jobs and not self._statement))
-                    if not self._jobs:
-                        return  # closed, nothing left
+                    self._cond.wait_for(lambda: self._closed or self._may_start())
+                    if not self._may_start():
+                        return  # closed, nothing left to run
                     table, size, job = self._jobs.popleft()
                     self._running = True
                 try:

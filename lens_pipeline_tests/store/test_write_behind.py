@@ -1,5 +1,5 @@
-"""Write-behind: a write transaction's bulk writes sent by a helper thread (PostgreSQL), seen by the
-transaction's own reads, committed with it or not at all."""
+"""Write-behind: a write transaction's bulk writes sent by a helper thread (SQLite, PostgreSQL),
+seen by the transaction's own reads, committed with it or not at all."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, select
 
-from lens_pipeline.store.db import get_engine, write_transaction
+from lens_pipeline.store.db import dispose_engines, get_engine, write_transaction
 from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.schema import node, pod_snapshot
 from lens_pipeline.store.upsert import bulk_upsert
@@ -21,8 +21,13 @@ from lens_pipeline_tests.conftest import _server_database
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+    """A fresh Lens database of a dialect that writes behind."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'lens.db'}"
+        dispose_engines()
+        return
     database = _server_database("postgresql", "lens")
     try:
         yield next(database)
@@ -64,7 +69,7 @@ def test_rows_written_behind_are_read_back_in_the_transaction_and_committed(lens
     ensure_schema(engine, "lens")
     with write_transaction(engine) as conn:
         writer = WriteBehind.of(conn)
-        assert (writer is not None) == (engine.dialect.name == "postgresql")
+        assert (writer is not None) == (engine.dialect.name in ("postgresql", "sqlite"))
         bulk_upsert(conn, pod_snapshot, [_snapshot(f"p{i}") for i in range(50)], batch_rows=7, new=True)
         bulk_upsert(conn, node, [_node(f"n{i}") for i in range(30)], batch_rows=4)
         # The reads wait for the writes on their tables: the transaction sees all of them.
@@ -78,14 +83,14 @@ def test_rows_written_behind_are_read_back_in_the_transaction_and_committed(lens
     assert spec == _snapshot("p3")["spec"]  # tabs, newlines and backslashes survive COPY
 
 
-def test_a_failed_write_behind_rolls_back_its_transaction_and_keeps_what_was_stored(pg_url):
-    engine = get_engine(pg_url)
+def test_a_failed_write_behind_rolls_back_its_transaction_and_keeps_what_was_stored(url):
+    engine = get_engine(url)
     ensure_schema(engine, "lens")
     with write_transaction(engine) as conn:
         bulk_upsert(conn, node, [_node("kept")])
-    with pytest.raises(WriteBehindError, match="resource_version"), write_transaction(engine) as conn:
+    with pytest.raises(WriteBehindError, match=r"(?i)resource_version"), write_transaction(engine) as conn:
         bulk_upsert(conn, node, [_node("lost")])
-        # resource_version is NOT NULL: the helper's COPY fails, and the error comes out here.
+        # resource_version is NOT NULL: the helper's write fails, and the error comes out here.
         bulk_upsert(conn, pod_snapshot, [_snapshot("p1"), _snapshot("p2", version=None)], new=True)
         conn.execute(select(func.count()).select_from(pod_snapshot))
     with engine.connect() as conn:
@@ -93,8 +98,8 @@ def test_a_failed_write_behind_rolls_back_its_transaction_and_keeps_what_was_sto
         assert _count(conn, pod_snapshot) == 0
 
 
-def test_an_error_in_the_collector_drops_the_writes_not_yet_sent(pg_url):
-    engine = get_engine(pg_url)
+def test_an_error_in_the_collector_drops_the_writes_not_yet_sent(url):
+    engine = get_engine(url)
     ensure_schema(engine, "lens")
     with pytest.raises(ValueError, match="collector failed"), write_transaction(engine) as conn:
         writer = WriteBehind.of(conn)
@@ -105,8 +110,8 @@ def test_an_error_in_the_collector_drops_the_writes_not_yet_sent(pg_url):
         assert _count(conn, node) == 0
 
 
-def test_the_last_row_of_a_key_wins_across_the_batches_of_one_chunk(pg_url):
-    engine = get_engine(pg_url)
+def test_the_last_row_of_a_key_wins_across_the_batches_of_one_chunk(url):
+    engine = get_engine(url)
     ensure_schema(engine, "lens")
     rows = [_node("a", gpu_count=1), _node("b"), _node("c"), _node("a", gpu_count=3), _node("b", gpu_count=5)]
     with write_transaction(engine) as conn:
@@ -143,6 +148,19 @@ def test_jobs_run_in_order_a_statement_waits_for_its_tables_and_pending_work_is_
     assert done[0] == "a1" and sorted(done) == ["a1", "a2", "b1"]
     writer.finish()
     assert done == ["a1", "b1", "a2"]  # in the order submitted
+
+    # A statement on a table nothing is pending for waits for the job under way, not the queue.
+    release.clear()
+    done.clear()
+    ordered = WriteBehind(connection)
+    ordered.submit("a", 1, job("a1", wait=True))
+    ordered.submit("a", 1, job("a2"))
+    threading.Timer(0.2, release.set).start()
+    ordered.before_statement({"b"})
+    assert done == ["a1"]
+    ordered.after_statement()
+    ordered.finish()
+    assert done == ["a1", "a2"]
 
     failing = WriteBehind(connection)
     failing.submit("a", 1, lambda _cursor: 1 / 0)
