@@ -14,7 +14,6 @@ first run's time.
 from __future__ import annotations
 
 import io
-import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -32,7 +31,6 @@ from lens_pipeline.store.write_behind import WriteBehind
 BATCH_ROWS = 1000
 # Write-behind: converted rows handed to the helper thread in chunks of about this many bytes.
 CHUNK_BYTES = 4 << 20
-SQLITE_STATEMENT_ROWS = 5000
 # Columns an upsert never overwrites: the surrogate id and the first-seen time.
 NEVER_UPDATED = frozenset({"id", "created_at"})
 
@@ -120,10 +118,9 @@ def _submit(
     new: bool,
     batch_rows: int,
 ) -> None:
-    """`bulk_upsert` inside a write-behind transaction: rows are converted here, batch by batch,
-    and handed to the helper thread in chunks of about `CHUNK_BYTES`, one job each: on SQLite one
-    multi-row INSERT per batch (the sqlite3 module gives the GIL back once per statement, where
-    `executemany` does it once per row), on PostgreSQL COPY text."""
+    """`bulk_upsert` inside a write-behind transaction (PostgreSQL): rows are converted to COPY text
+    here, batch by batch, and handed to the helper thread in chunks of about `CHUNK_BYTES`, one job
+    (a few statements) each."""
     if update_columns:
         # A chunk holds several batches, and one statement may not update a row twice: the last
         # row of a key wins, as it would row by row.
@@ -131,49 +128,20 @@ def _submit(
         last = {getter(row): row for row in rows}
         if len(last) != len(rows):
             rows = list(last.values())
-    encode: Callable[[list[tuple]], tuple[Any, int]]
-    if dialect.name == "sqlite":
-        # One bound parameter per value, and statements of many rows: the helper waits for the GIL
-        # after each statement (up to the interpreter's switch interval, 5 ms, while the
-        # collector's thread computes), so 1,000-row statements cost it seconds of waiting.
-        limit = writer.dbapi_connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-        batch_rows = max(1, min(SQLITE_STATEMENT_ROWS, limit // len(columns)))
-        statements: dict[int, str] = {}  # by number of rows
-
-        def encode(batch: list[tuple]) -> tuple[tuple[str, list], int]:
-            sql = statements.get(len(batch))
-            if sql is None:
-                sql = statements[len(batch)] = _upsert_sql(
-                    dialect, table, columns, key, update_columns, len(batch)
-                )
-            flat = [value for row in batch for value in row]
-            return (sql, flat), 8 * len(flat) + sum(len(v) for v in flat if v.__class__ is str)
-
-        job: Callable[..., None] = _execute_statements
-    else:
-        encoding = _python_encoding(writer.dbapi_connection)
-        target = dialect.identifier_preparer.format_table(table)
-
-        def encode(batch: list[tuple]) -> tuple[bytes, int]:
-            data = _copy_text(batch).encode(encoding)
-            return data, len(data)
-
-        sql = _upsert_sql(dialect, table, columns, key, update_columns)
-        job = partial(_copy_chunk, table, target, columns, sql, new)
-    chunk: list[Any] = []
+    encoding = _python_encoding(writer.dbapi_connection)
+    target = dialect.identifier_preparer.format_table(table)
+    sql = _upsert_sql(dialect, table, columns, key, update_columns)
+    job = partial(_copy_chunk, table, target, columns, sql, new)
+    chunk: list[bytes] = []
     size = 0
     for start in range(0, len(rows), batch_rows):
-        piece, piece_size = encode(_driver_values(dialect, table, columns, rows[start : start + batch_rows]))
+        batch = _driver_values(dialect, table, columns, rows[start : start + batch_rows])
+        piece = _copy_text(batch).encode(encoding)
         chunk.append(piece)
-        size += piece_size
+        size += len(piece)
         if size >= CHUNK_BYTES or start + batch_rows >= len(rows):
             writer.submit(table.name, size, partial(job, chunk))
             chunk, size = [], 0
-
-
-def _execute_statements(statements: list[tuple[str, list]], cursor: Any) -> None:
-    for sql, parameters in statements:
-        cursor.execute(sql, parameters)
 
 
 def _python_encoding(dbapi_connection: Any) -> str:
@@ -291,10 +259,8 @@ def _upsert_sql(
     columns: Sequence[str],
     key: Sequence[str],
     update_columns: Sequence[str],
-    rows: int = 1,
 ) -> str:
-    """The dialect's upsert of `columns` on the logical `key`, in the driver's parameter style
-    (SQLite: `rows` rows of parameters in one statement)."""
+    """The dialect's upsert of `columns` on the logical `key`, in the driver's parameter style."""
     quote = dialect.identifier_preparer.quote
     names = ", ".join(quote(c) for c in columns)
     target = f"{dialect.identifier_preparer.format_table(table)} ({names})"
@@ -308,7 +274,7 @@ def _upsert_sql(
     if dialect.name == "postgresql":
         values = f'SELECT {names} FROM "{_stage_name(table)}"'  # filled by `_copy_into_stage`
     elif dialect.name == "sqlite":
-        values = "VALUES " + ", ".join([f"({', '.join(['?'] * len(columns))})"] * rows)
+        values = f"VALUES ({', '.join(['?'] * len(columns))})"
     else:
         raise NotImplementedError(f"bulk upsert does not support the {dialect.name!r} dialect")
     if not update_columns:

@@ -1,10 +1,10 @@
 """Write-behind: a write transaction's bulk writes run on a helper thread while the run goes on.
 
 At a first run of a large cluster, most of the database's work is inserting rows (a million of
-them at 150k pods). Done in line, the collector waits for it: on PostgreSQL for the server's work
-on every COPY, on SQLite for the library's work on every row. psycopg2 and sqlite3 both let go of
-the GIL while the database works, so a helper thread can have the database take one chunk of rows
-while the collector builds and converts the next, and the machine's second core is used.
+them at 150k pods). Done in line, the collector waits for PostgreSQL's work on every COPY; the
+server works in its own process, and psycopg2 lets go of the GIL while it waits, so a helper thread
+can have the server take one chunk of rows while the collector converts the next one, and the
+machine's second core is used.
 
 What keeps it correct:
 - One connection, one transaction: the helper runs its jobs on the transaction's own DBAPI
@@ -19,10 +19,15 @@ What keeps it correct:
 - Pending work is bounded (`MAX_PENDING_BYTES` of converted rows): the collector waits rather than
   holding more.
 
-Each job makes few GIL round trips: a few statements per chunk of COPY text, one multi-row INSERT
-per few thousand rows on SQLite. Each time the helper wants the GIL back it waits for the
-collector's thread to give it up (up to the interpreter's switch interval, 5 ms): `executemany`,
-which gives it back once per row, was far slower on the helper than in line.
+Each job makes few GIL round trips (a few statements per chunk of COPY text): each time the helper
+wants the GIL back it waits for the collector's thread to give it up (up to the interpreter's
+switch interval, 5 ms).
+
+SQLite writes in line. Its work is done in this process by the sqlite3 module, whose `executemany`
+gives the GIL back once per row: on a helper thread it was far slower than in line. Multi-row
+INSERTs of 5,000 rows on the helper (one round trip per statement) did no better than in line at
+5,000 nodes, within the runs' spread, and kept 40-140 MiB more (prepared statements of 5,000 rows,
+the helper's allocations): docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -38,8 +43,7 @@ from sqlalchemy.sql.util import find_tables
 
 MAX_PENDING_BYTES = 24 << 20
 _INFO_KEY = "lens_write_behind"
-# Dialects whose driver lets go of the GIL while the database works (psycopg2, sqlite3).
-DIALECTS = frozenset({"postgresql", "sqlite"})
+DIALECTS = frozenset({"postgresql"})  # why not SQLite: above
 
 Job = Callable[[Any], None]  # called with a DBAPI cursor of the transaction's connection
 

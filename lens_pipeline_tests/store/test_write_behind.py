@@ -1,5 +1,5 @@
-"""Write-behind: a write transaction's bulk writes sent by a helper thread (SQLite, PostgreSQL),
-seen by the transaction's own reads, committed with it or not at all."""
+"""Write-behind: a write transaction's bulk writes sent by a helper thread (PostgreSQL), seen by the
+transaction's own reads, committed with it or not at all."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, select
 
-from lens_pipeline.store.db import dispose_engines, get_engine, write_transaction
+from lens_pipeline.store.db import get_engine, write_transaction
 from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.schema import node, pod_snapshot
 from lens_pipeline.store.upsert import bulk_upsert
@@ -21,13 +21,9 @@ from lens_pipeline_tests.conftest import _server_database
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
-    """A fresh Lens database of a dialect that writes behind."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'lens.db'}"
-        dispose_engines()
-        return
+@pytest.fixture
+def url() -> Iterator[str]:
+    """A fresh Lens database on PostgreSQL, the dialect that writes behind."""
     database = _server_database("postgresql", "lens")
     try:
         yield next(database)
@@ -69,7 +65,7 @@ def test_rows_written_behind_are_read_back_in_the_transaction_and_committed(lens
     ensure_schema(engine, "lens")
     with write_transaction(engine) as conn:
         writer = WriteBehind.of(conn)
-        assert (writer is not None) == (engine.dialect.name in ("postgresql", "sqlite"))
+        assert (writer is not None) == (engine.dialect.name == "postgresql")
         bulk_upsert(conn, pod_snapshot, [_snapshot(f"p{i}") for i in range(50)], batch_rows=7, new=True)
         bulk_upsert(conn, node, [_node(f"n{i}") for i in range(30)], batch_rows=4)
         # The reads wait for the writes on their tables: the transaction sees all of them.
@@ -88,9 +84,9 @@ def test_a_failed_write_behind_rolls_back_its_transaction_and_keeps_what_was_sto
     ensure_schema(engine, "lens")
     with write_transaction(engine) as conn:
         bulk_upsert(conn, node, [_node("kept")])
-    with pytest.raises(WriteBehindError, match=r"(?i)resource_version"), write_transaction(engine) as conn:
+    with pytest.raises(WriteBehindError, match="resource_version"), write_transaction(engine) as conn:
         bulk_upsert(conn, node, [_node("lost")])
-        # resource_version is NOT NULL: the helper's write fails, and the error comes out here.
+        # resource_version is NOT NULL: the helper's COPY fails, and the error comes out here.
         bulk_upsert(conn, pod_snapshot, [_snapshot("p1"), _snapshot("p2", version=None)], new=True)
         conn.execute(select(func.count()).select_from(pod_snapshot))
     with engine.connect() as conn:
