@@ -16,8 +16,11 @@ What keeps it correct:
 - The transaction commits only after every job ran; a job's error is raised in the collector's
   thread (at its next submit, statement or commit), and the transaction rolls back. When the
   collector fails, the jobs not yet started are dropped and the rollback waits for the running one.
+- A commit inside the block first waits for every job; a rollback drops the jobs not started.
 - Pending work is bounded (`MAX_PENDING_BYTES` of converted rows): the collector waits rather than
   holding more.
+- psycopg2's cursors read a result whole when the statement runs: nothing of the collector's is
+  still reading from the connection when a job starts.
 
 Each job makes few GIL round trips (a few statements per chunk of COPY text): each time the helper
 wants the GIL back it waits for the collector's thread to give it up (up to the interpreter's
@@ -39,6 +42,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Connection, Table, event
+from sqlalchemy.sql import visitors
+from sqlalchemy.sql.elements import ColumnClause, TextClause
+from sqlalchemy.sql.selectable import TableClause, TextualSelect
 from sqlalchemy.sql.util import find_tables
 
 MAX_PENDING_BYTES = 24 << 20
@@ -90,8 +96,9 @@ class WriteBehind:
             self._tables[table] = self._tables.get(table, 0) + 1
             self._pending_bytes += size
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="lens-write-behind", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="lens-write-behind", daemon=True)
+                thread.start()
+                self._thread = thread
             self._cond.notify_all()
 
     def wait(self, tables: set[str] | None = None) -> None:
@@ -108,12 +115,18 @@ class WriteBehind:
 
     def abort(self) -> None:
         """Drop the jobs not started and wait for the running one (before a rollback)."""
+        self.discard()
+        self._stop()
+
+    def discard(self) -> None:
+        """Drop the jobs not started and wait for the running one; the writer stays usable."""
         with self._cond:
             self._resume()
             for table, size, _ in self._jobs:
                 self._done(table, size)
             self._jobs.clear()
-        self._stop()
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._running)
 
     # The collector's statements on the connection: one at a time with the helper's jobs. A statement
     # that failed has no "after": whatever the collector's thread does next means it is over.
@@ -176,7 +189,16 @@ class WriteBehind:
             self._thread.join()
 
     def _run(self) -> None:
-        cursor = self.dbapi_connection.cursor()
+        try:
+            cursor = self.dbapi_connection.cursor()
+        except BaseException as exc:  # nothing can run: every job fails with this
+            with self._cond:
+                self._error = exc
+                for table, size, _ in self._jobs:
+                    self._done(table, size)
+                self._jobs.clear()
+                self._cond.notify_all()
+            return
         try:
             while True:
                 with self._cond:
@@ -206,11 +228,19 @@ class WriteBehind:
 
 
 def _statement_tables(context: Any) -> set[str] | None:
-    """The tables a compiled statement names; None when it cannot be told (text SQL)."""
+    """The tables a compiled statement names; None when it cannot be told: SQL text anywhere in it
+    (a `text()` clause, a literal column, a lightweight `table()`) may name any table."""
     compiled = getattr(context, "compiled", None)
     statement = getattr(compiled, "statement", None)
     if statement is None:
         return None
+    for element in visitors.iterate(statement):
+        if isinstance(element, TextClause | TextualSelect):
+            return None
+        if isinstance(element, ColumnClause) and element.is_literal and element.name != "*":
+            return None
+        if isinstance(element, TableClause) and not isinstance(element, Table):
+            return None
     tables = {
         t.name for t in find_tables(statement, check_columns=True, include_crud=True) if isinstance(t, Table)
     }
@@ -234,8 +264,20 @@ def write_behind(conn: Connection) -> Iterator[WriteBehind | None]:
     def after(*_args: Any) -> None:
         writer.after_statement()
 
-    event.listen(conn, "before_cursor_execute", before)
-    event.listen(conn, "after_cursor_execute", after)
+    def commit(_conn: Any) -> None:  # a commit inside the block commits what was submitted
+        writer.wait()
+
+    def rollback(_conn: Any) -> None:  # and a rollback drops it
+        writer.discard()
+
+    listeners = {
+        "before_cursor_execute": before,
+        "after_cursor_execute": after,
+        "commit": commit,
+        "rollback": rollback,
+    }
+    for name, listener in listeners.items():
+        event.listen(conn, name, listener)
     conn.info[_INFO_KEY] = writer
     try:
         yield writer
@@ -245,5 +287,5 @@ def write_behind(conn: Connection) -> Iterator[WriteBehind | None]:
         raise
     finally:
         del conn.info[_INFO_KEY]
-        event.remove(conn, "before_cursor_execute", before)
-        event.remove(conn, "after_cursor_execute", after)
+        for name, listener in listeners.items():
+            event.remove(conn, name, listener)

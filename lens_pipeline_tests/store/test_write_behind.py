@@ -7,15 +7,17 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import column, func, literal_column, select, table, text
+from sqlalchemy.dialects import postgresql
 
 from lens_pipeline.store.db import get_engine, write_transaction
 from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.schema import node, pod_snapshot
 from lens_pipeline.store.upsert import bulk_upsert
-from lens_pipeline.store.write_behind import WriteBehind, WriteBehindError
+from lens_pipeline.store.write_behind import WriteBehind, WriteBehindError, _statement_tables, write_behind
 from lens_pipeline_tests.conftest import _server_database
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -116,53 +118,103 @@ def test_the_last_row_of_a_key_wins_across_the_batches_of_one_chunk(url):
         assert dict(conn.execute(select(node.c.name, node.c.gpu_count)).all()) == {"a": 3, "b": 5, "c": 8}
 
 
-def test_jobs_run_in_order_a_statement_waits_for_its_tables_and_pending_work_is_bounded():
-    connection = sqlite3.connect(":memory:", check_same_thread=False)
-    writer = WriteBehind(connection, max_pending_bytes=100)
-    release = threading.Event()
-    done: list[str] = []
+class Jobs:
+    """Jobs for a WriteBehind that record their names; a held job waits for `release`."""
 
-    def job(name: str, wait: bool = False):
+    def __init__(self) -> None:
+        self.done: list[str] = []
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, name: str, hold: bool = False):
         def run(_cursor) -> None:
-            if wait:
-                release.wait(5)
-            done.append(name)
+            if hold:
+                self.started.set()
+                assert self.release.wait(5)
+            self.done.append(name)
 
         return run
 
-    writer.submit("a", 60, job("a1", wait=True))
-    writer.submit("b", 40, job("b1"))
-    blocked = threading.Thread(target=writer.submit, args=("a", 60, job("a2")))
-    blocked.start()
-    blocked.join(0.2)
-    assert blocked.is_alive()  # 100 bytes are pending: the third submit waits
-    release.set()
-    writer.before_statement({"a"})  # waits for a1, and for a2 once the bound lets it in
-    blocked.join(5)
-    writer.after_statement()
-    writer.wait({"a"})
-    assert done[0] == "a1" and sorted(done) == ["a1", "a2", "b1"]
+
+@pytest.fixture
+def dbapi_connection() -> Iterator[sqlite3.Connection]:
+    connection = sqlite3.connect(":memory:", check_same_thread=False)
+    yield connection
+    connection.close()
+
+
+def test_jobs_run_in_order_and_pending_work_is_bounded(dbapi_connection):
+    writer, jobs = WriteBehind(dbapi_connection, max_pending_bytes=100), Jobs()
+    writer.submit("a", 60, jobs("a1", hold=True))
+    writer.submit("b", 40, jobs("b1"))
+    third = threading.Thread(target=writer.submit, args=("a", 60, jobs("a2")))
+    third.start()
+    third.join(0.5)
+    assert third.is_alive() and writer._tables == {"a": 1, "b": 1}  # 100 bytes pending: it waits
+    jobs.release.set()
+    third.join(5)
     writer.finish()
-    assert done == ["a1", "b1", "a2"]  # in the order submitted
+    assert jobs.done == ["a1", "b1", "a2"]
 
-    # A statement on a table nothing is pending for waits for the job under way, not the queue.
-    release.clear()
-    done.clear()
-    ordered = WriteBehind(connection)
-    ordered.submit("a", 1, job("a1", wait=True))
-    ordered.submit("a", 1, job("a2"))
-    threading.Timer(0.2, release.set).start()
-    ordered.before_statement({"b"})
-    assert done == ["a1"]
-    ordered.after_statement()
-    ordered.finish()
-    assert done == ["a1", "a2"]
 
-    failing = WriteBehind(connection)
+def test_a_statement_waits_for_its_tables_jobs_and_for_the_job_under_way_only(dbapi_connection):
+    writer, jobs = WriteBehind(dbapi_connection), Jobs()
+    writer.submit("a", 1, jobs("a1", hold=True))
+    writer.submit("a", 1, jobs("a2"))
+    writer.submit("b", 1, jobs("b1"))
+    assert jobs.started.wait(5)
+    threading.Timer(0.2, jobs.release.set).start()
+    writer.before_statement({"c"})  # nothing pending on c: waits for a1 to end, not for the queue
+    assert jobs.done == ["a1"]
+    writer.after_statement()
+    writer.before_statement({"b"})  # b1 is pending: it runs first (and a2, before it)
+    assert jobs.done == ["a1", "a2", "b1"]
+    writer.after_statement()
+    writer.finish()
+
+
+def test_an_error_stops_the_jobs_after_it_and_abort_drops_the_jobs_not_started(dbapi_connection):
+    failing, jobs = WriteBehind(dbapi_connection), Jobs()
     failing.submit("a", 1, lambda _cursor: 1 / 0)
-    failing.submit("a", 1, job("never"))
+    failing.submit("a", 1, jobs("never"))
     with pytest.raises(WriteBehindError, match="division by zero"):
         failing.wait()
+    with pytest.raises(WriteBehindError):
+        failing.submit("a", 1, jobs("never"))
     failing.abort()
-    assert "never" not in done
-    connection.close()
+
+    aborted = WriteBehind(dbapi_connection)
+    aborted.submit("a", 1, jobs("held", hold=True))
+    aborted.submit("a", 1, jobs("dropped"))
+    assert jobs.started.wait(5)
+    threading.Timer(0.2, jobs.release.set).start()
+    aborted.abort()  # waits for the job under way, drops the other
+    assert jobs.done == ["held"]
+
+
+def test_statements_whose_tables_cannot_be_told_wait_for_every_job():
+    def tables(statement):
+        return _statement_tables(SimpleNamespace(compiled=statement.compile(dialect=postgresql.dialect())))
+
+    assert tables(select(node.c.name).where(node.c.cluster_name == "c1")) == {"node"}
+    assert tables(select(func.count()).select_from(node)) == {"node"}
+    newer = pod_snapshot.alias("newer")
+    assert tables(select(newer.c.id).where(newer.c.pod_uid == "p")) == {"pod_snapshot"}
+    assert tables(select(node.c.name).where(text("name IN (SELECT pod_uid FROM pod_snapshot)"))) is None
+    assert tables(select(node.c.name, literal_column("pod_snapshot.pod_uid"))) is None
+    assert tables(select(table("pod_snapshot", column("id")).c.id)) is None
+
+
+def test_a_commit_inside_the_block_waits_for_the_writes_and_a_rollback_drops_them(url):
+    engine = get_engine(url)
+    ensure_schema(engine, "lens")
+    # (`write_transaction` does not allow either inside its block; a bare connection does.)
+    with engine.connect() as conn, write_behind(conn):
+        bulk_upsert(conn, node, [_node("committed")])
+        conn.commit()
+        bulk_upsert(conn, node, [_node("rolled-back")])
+        conn.rollback()
+        bulk_upsert(conn, node, [_node("last")])
+        conn.commit()
+    with engine.connect() as conn:
+        assert sorted(conn.execute(select(node.c.name)).scalars()) == ["committed", "last"]
