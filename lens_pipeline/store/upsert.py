@@ -30,8 +30,8 @@ from lens_pipeline.store.write_behind import WriteBehind
 
 BATCH_ROWS = 1000
 # Write-behind: converted rows handed to the helper thread in chunks of about this many bytes. Each
-# chunk of new rows is one savepoint: at 8 MiB a first run at 150k pods takes about 36 in its
-# largest transaction, under the 64 subtransactions PostgreSQL caches per transaction (beyond,
+# chunk of new rows is one savepoint: at 8 MiB a first run at 150k pods takes 31 in its largest
+# transaction, under the 64 subtransactions PostgreSQL caches per transaction (beyond,
 # every other session's snapshot has to look them up on disk while the transaction lasts).
 CHUNK_BYTES = 8 << 20
 # Columns an upsert never overwrites: the surrogate id and the first-seen time.
