@@ -118,8 +118,9 @@ class WriteBehind:
         self.discard()
         self._stop()
 
-    def discard(self) -> None:
-        """Drop the jobs not started and wait for the running one; the writer stays usable."""
+    def discard(self, forget_error: bool = False) -> None:
+        """Drop the jobs not started and wait for the running one; the writer stays usable (after a
+        rollback, `forget_error`: what failed was rolled back with the rest)."""
         with self._cond:
             self._resume()
             for table, size, _ in self._jobs:
@@ -127,6 +128,8 @@ class WriteBehind:
             self._jobs.clear()
             self._cond.notify_all()
             self._cond.wait_for(lambda: not self._running)
+            if forget_error:
+                self._error = None
 
     # The collector's statements on the connection: one at a time with the helper's jobs. A statement
     # that failed has no "after": whatever the collector's thread does next means it is over.
@@ -265,10 +268,17 @@ def write_behind(conn: Connection) -> Iterator[WriteBehind | None]:
         writer.after_statement()
 
     def commit(_conn: Any) -> None:  # a commit inside the block commits what was submitted
-        writer.wait()
+        try:
+            writer.wait()
+        except WriteBehindError:
+            # SQLAlchemy ends its transaction without a rollback when this hook raises: roll the
+            # connection back here, so that nothing of it is committed later and it stays usable.
+            writer.discard(forget_error=True)
+            writer.dbapi_connection.rollback()
+            raise
 
-    def rollback(_conn: Any) -> None:  # and a rollback drops it
-        writer.discard()
+    def rollback(_conn: Any) -> None:  # and a rollback drops it, and forgets a failed write
+        writer.discard(forget_error=True)
 
     listeners = {
         "before_cursor_execute": before,

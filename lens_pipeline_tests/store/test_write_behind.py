@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -126,6 +127,17 @@ class Jobs:
         self.started = threading.Event()
         self.release = threading.Event()
 
+    def release_when(self, condition) -> None:
+        """Let the held job end once `condition()` holds (checked from another thread)."""
+
+        def watch() -> None:
+            deadline = time.monotonic() + 5
+            while not condition() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self.release.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+
     def __call__(self, name: str, hold: bool = False):
         def run(_cursor) -> None:
             if hold:
@@ -163,7 +175,7 @@ def test_a_statement_waits_for_its_tables_jobs_and_for_the_job_under_way_only(db
     writer.submit("a", 1, jobs("a2"))
     writer.submit("b", 1, jobs("b1"))
     assert jobs.started.wait(5)
-    threading.Timer(0.2, jobs.release.set).start()
+    jobs.release_when(lambda: writer._waiting is not None)
     writer.before_statement({"c"})  # nothing pending on c: waits for a1 to end, not for the queue
     assert jobs.done == ["a1"]
     writer.after_statement()
@@ -175,8 +187,15 @@ def test_a_statement_waits_for_its_tables_jobs_and_for_the_job_under_way_only(db
 
 def test_an_error_stops_the_jobs_after_it_and_abort_drops_the_jobs_not_started(dbapi_connection):
     failing, jobs = WriteBehind(dbapi_connection), Jobs()
-    failing.submit("a", 1, lambda _cursor: 1 / 0)
+    gate = threading.Event()
+
+    def fail(_cursor) -> None:
+        assert gate.wait(5)
+        raise ZeroDivisionError("division by zero")
+
+    failing.submit("a", 1, fail)
     failing.submit("a", 1, jobs("never"))
+    gate.set()
     with pytest.raises(WriteBehindError, match="division by zero"):
         failing.wait()
     with pytest.raises(WriteBehindError):
@@ -187,7 +206,7 @@ def test_an_error_stops_the_jobs_after_it_and_abort_drops_the_jobs_not_started(d
     aborted.submit("a", 1, jobs("held", hold=True))
     aborted.submit("a", 1, jobs("dropped"))
     assert jobs.started.wait(5)
-    threading.Timer(0.2, jobs.release.set).start()
+    jobs.release_when(lambda: not aborted._jobs)
     aborted.abort()  # waits for the job under way, drops the other
     assert jobs.done == ["held"]
 
@@ -214,7 +233,12 @@ def test_a_commit_inside_the_block_waits_for_the_writes_and_a_rollback_drops_the
         conn.commit()
         bulk_upsert(conn, node, [_node("rolled-back")])
         conn.rollback()
+        bulk_upsert(conn, pod_snapshot, [_snapshot("p1", version=None)], new=True)  # fails behind
+        with pytest.raises(WriteBehindError):
+            conn.commit()  # what failed is rolled back
+        conn.rollback()  # SQLAlchemy's side of it, after a failed commit
         bulk_upsert(conn, node, [_node("last")])
         conn.commit()
     with engine.connect() as conn:
         assert sorted(conn.execute(select(node.c.name)).scalars()) == ["committed", "last"]
+        assert _count(conn, pod_snapshot) == 0
