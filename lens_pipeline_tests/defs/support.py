@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+
+
+@contextmanager
+def served_fleet(tmp_path: Path, **generate: Any) -> Iterator[tuple[SimFleet, SimServer, Path]]:
+    """A simulated fleet (`SimFleet.generate(**generate)`) served over HTTP, and a cluster registry
+    file in `tmp_path` pointing at it."""
+    fleet = SimFleet.generate(**generate)
+    with SimServer(fleet) as server:
+        yield fleet, server, write_registry(tmp_path / "clusters.yaml", server)
+
 
 def failure_message(result: object) -> str:
     """Every message of the first step failure's error chain (retries wrap the real error)."""

@@ -9,11 +9,13 @@ from dagster import instance_for_test
 from lens_pipeline.defs import resources
 from lens_pipeline.defs.cluster_assets import COLLECTOR_KEYS
 from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
-from lens_pipeline.sim.fleet import SimFleet
-from lens_pipeline.sim.registry import write_registry
-from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.schema import gpu_device, gpu_pods, gpu_workload, node, pod_resource, storage
-from lens_pipeline_tests.defs.support import failure_message, materializations, materialize_cluster
+from lens_pipeline_tests.defs.support import (
+    failure_message,
+    materializations,
+    materialize_cluster,
+    served_fleet,
+)
 from lens_pipeline_tests.defs.test_collectors_against_truth import POD_COLUMNS, WORKLOAD_COLUMNS, table, truth
 
 TABLES = (node, gpu_pods, pod_resource, gpu_workload, gpu_device, storage)
@@ -21,11 +23,11 @@ TABLES = (node, gpu_pods, pod_resource, gpu_workload, gpu_device, storage)
 
 @pytest.fixture
 def sim(tmp_path):
-    fleet = SimFleet.generate(clusters=1, nodes=8, seed=33, vendor="amd")
-    with SimServer(fleet) as server, instance_for_test() as instance:
+    served = served_fleet(tmp_path, clusters=1, nodes=8, seed=33, vendor="amd")
+    with served as (fleet, server, registry), instance_for_test() as instance:
         cluster = fleet.clusters[0]
         instance.add_dynamic_partitions("cluster", [cluster.name])
-        yield cluster, server, write_registry(tmp_path / "clusters.yaml", server), instance
+        yield cluster, server, registry, instance
 
 
 def run(cluster, registry, instance, url, **kube):

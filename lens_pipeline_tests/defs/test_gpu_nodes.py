@@ -22,8 +22,6 @@ from lens_pipeline.defs.resources import (
     LensDatabase,
     PrometheusResource,
 )
-from lens_pipeline.sim.fleet import SimFleet
-from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.schema import node
@@ -32,6 +30,7 @@ from lens_pipeline_tests.defs.support import (
     failure_message,
     materializations,
     materialize_cluster,
+    served_fleet,
 )
 
 AMD, NVIDIA = "sim-amd-0", "sim-nvidia-1"
@@ -60,10 +59,8 @@ TRUTH_COLUMNS = (
 
 @pytest.fixture
 def sim(tmp_path):
-    fleet = SimFleet.generate(clusters=2, nodes=12, seed=11, vendor="mixed")
-    with SimServer(fleet) as server:
-        registry = write_registry(tmp_path / "clusters.yaml", server)
-        yield fleet, server, registry
+    with served_fleet(tmp_path, clusters=2, nodes=12, seed=11, vendor="mixed") as served:
+        yield served
 
 
 @pytest.fixture

@@ -14,10 +14,14 @@ from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.sim.fleet import SimFleet
-from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.vendors import PROFILES
-from lens_pipeline_tests.defs.support import edit_registry, materializations, materialize_cluster
+from lens_pipeline_tests.defs.support import (
+    edit_registry,
+    materializations,
+    materialize_cluster,
+    served_fleet,
+)
 
 AMD = "sim-amd-0"
 PROFILE = PROFILES["amd"]
@@ -26,10 +30,8 @@ PROFILES_OF_AMD = (PROFILE,)
 
 @pytest.fixture
 def sim(tmp_path):
-    fleet = SimFleet.generate(clusters=1, nodes=6, seed=5, vendor="amd")
-    with SimServer(fleet) as server:
-        registry = write_registry(tmp_path / "clusters.yaml", server)
-        yield fleet, server, registry
+    with served_fleet(tmp_path, clusters=1, nodes=6, seed=5, vendor="amd") as served:
+        yield served
 
 
 def _reader(server: SimServer) -> PromReader:
@@ -95,10 +97,9 @@ def test_a_malformed_prometheus_url_is_the_parts_error_not_the_runs(sim, tmp_pat
 
     # In a batch, the cluster with the bad URL keeps its nodes (without fresh utilization) and
     # loses its devices; the cluster after it is collected in full.
-    fleet = SimFleet.generate(clusters=2, nodes=4, seed=6, vendor="mixed")
-    first, second = (c.name for c in fleet)
-    with SimServer(fleet) as server, instance_for_test() as instance:
-        registry = write_registry(tmp_path / "clusters.yaml", server)
+    served = served_fleet(tmp_path, clusters=2, nodes=4, seed=6, vendor="mixed")
+    with served as (fleet, _server, registry), instance_for_test() as instance:
+        first, second = (c.name for c in fleet)
         edit_registry(registry, lambda d: d["clusters"][0].update(prometheus_url="http://[bad"))
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [first, second])
         result = materialize_cluster(
