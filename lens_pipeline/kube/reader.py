@@ -3,17 +3,18 @@
 One collection run makes one paged LIST per kind (limit=500 and continue tokens) and joins in
 memory. The client's model objects are slow to build at 100k pods, so it is used for
 configuration and auth only: responses are read raw, parsed with orjson, and each item is cut
-down by a `project` function while the next page is being fetched. A continue token that expired (410
-Gone) restarts the whole list, so one LIST is always one consistent snapshot.
+down by a `project` function while the next pages are fetched (`_PagesAhead`). A continue token
+that expired (410 Gone) restarts the whole list, so one LIST is always one consistent snapshot.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PAGE_SIZE = 500
+# Pages fetched ahead of the one being parsed: the API server is never left waiting for us.
+PAGES_AHEAD = 2
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
@@ -155,19 +158,12 @@ class KubeReader:
         label_selector: str | None,
         field_selector: str | None,
     ) -> list[T]:
-        # The next page is requested as soon as this one's continue token is known, and fetched
-        # by a helper thread while this one's items are projected: the API server (or the
-        # simulator on the same machine) works on page n+1 while we work on page n. Still one
-        # request at a time, in the same order as without it.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kube-list") as fetcher:
-            for attempt in range(self.max_restarts + 1):
-                items: list[T] = []
-                token: str | None = None
-                fetching = fetcher.submit(
-                    self._get, path, self._list_query(None, label_selector, field_selector)
-                )
+        for attempt in range(self.max_restarts + 1):
+            items: list[T] = []
+            token: str | None = None
+            with _PagesAhead(self, path, label_selector, field_selector) as pages:
                 while True:
-                    status, body = fetching.result()
+                    status, body, followed = pages.next()
                     if status == 410 and token:
                         break  # the snapshot expired under us: start the list again
                     if status != 200:
@@ -180,20 +176,19 @@ class KubeReader:
                         raise KubeError(self.cluster.name, path, "list response has no 'items' array")
                     metadata = page.get("metadata")
                     token = metadata.get("continue") if isinstance(metadata, dict) else None
-                    if token:
-                        query = self._list_query(token, label_selector, field_selector)
-                        fetching = fetcher.submit(self._get, path, query)
+                    if token and token != followed:
+                        pages.restart(token)  # the fetcher could not read it, or read it wrong
                     items.extend(project(item) for item in raw_items)
                     del page, raw_items
                     if not token:
                         return items
-                self.stats.restarts += 1
-                log.warning(
-                    "cluster %s: continue token for %s expired (410); restarting the list (%d)",
-                    self.cluster.name,
-                    path,
-                    attempt + 1,
-                )
+            self.stats.restarts += 1
+            log.warning(
+                "cluster %s: continue token for %s expired (410); restarting the list (%d)",
+                self.cluster.name,
+                path,
+                attempt + 1,
+            )
         raise KubeError(
             self.cluster.name, path, f"continue token expired {self.max_restarts + 1} times in a row", 410
         )
@@ -285,6 +280,91 @@ def raw_get(
         body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
         return exc.status, body
     return response.status, response.data
+
+
+class _PagesAhead:
+    """The pages of one LIST, fetched by a helper thread ahead of the caller.
+
+    The helper reads each page's continue token from the page's head (kube-apiserver writes the
+    list's `metadata` before its `items`) and asks for the next page at once, up to `PAGES_AHEAD`
+    pages ahead: the server works on the next pages while the caller parses this one, and the
+    helper is not kept waiting for a whole page to be parsed before it can ask. Still one request
+    at a time, in order, as without it. When a head cannot be read, the helper stops and the caller
+    restarts it from the token it parsed itself.
+    """
+
+    def __init__(
+        self, reader: KubeReader, path: str, label_selector: str | None, field_selector: str | None
+    ) -> None:
+        self._reader, self._path = reader, path
+        self._selectors = (label_selector, field_selector)
+        self._stop = threading.Event()
+        self._pages: queue.Queue[tuple[int, bytes, str | None] | BaseException] = queue.Queue()
+        self.restart(None)
+
+    def restart(self, token: str | None) -> None:
+        """Forget what was fetched ahead and fetch again from `token`."""
+        self._stop.set()  # the previous helper (if any) puts nothing more
+        self._stop = threading.Event()
+        self._pages = queue.Queue(maxsize=PAGES_AHEAD)
+        threading.Thread(
+            target=self._fetch, args=(token, self._stop, self._pages), name="kube-list", daemon=True
+        ).start()
+
+    def next(self) -> tuple[int, bytes, str | None]:
+        """(status, body, the continue token the next page was fetched with, if any)."""
+        page = self._pages.get()
+        if isinstance(page, BaseException):
+            raise page
+        return page
+
+    def _fetch(self, token: str | None, stop: threading.Event, pages: queue.Queue) -> None:
+        while not stop.is_set():
+            try:
+                query = self._reader._list_query(token, *self._selectors)
+                status, body = self._reader._get(self._path, query)
+            except BaseException as exc:  # the caller raises it
+                _put(pages, exc, stop)
+                return
+            token = _peek_continue(body) if status == 200 else None
+            _put(pages, (status, body, token), stop)
+            if token is None:
+                return
+
+    def __enter__(self) -> _PagesAhead:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+
+
+def _put(pages: queue.Queue, item: object, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            pages.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
+
+
+_ITEMS = b',"items":'
+_HEAD_BYTES = 64 << 10
+
+
+def _peek_continue(body: bytes) -> str | None:
+    """A list page's continue token, read from its head without parsing its items; None when there
+    is none, or the head is not `{"kind":...,"apiVersion":...,"metadata":{...}` as kube-apiserver
+    writes it."""
+    end = body.find(_ITEMS, 0, _HEAD_BYTES)
+    if end < 0:
+        return None
+    try:
+        head = orjson.loads(body[:end] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    metadata = head.get("metadata") if isinstance(head, dict) else None
+    token = metadata.get("continue") if isinstance(metadata, dict) else None
+    return token if isinstance(token, str) and token else None
 
 
 @contextmanager
