@@ -3,6 +3,7 @@ or not a page's head says where the next page starts."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,7 +13,7 @@ import orjson
 import pytest
 
 from lens_pipeline.clusters import ClusterConfig
-from lens_pipeline.kube.reader import KubeError, KubeReader, _peek_continue
+from lens_pipeline.kube.reader import KubeError, KubeReader, _peek_continue, paused_gc
 
 ITEMS = [{"metadata": {"name": f"pod-{n:03d}"}} for n in range(23)]
 
@@ -127,3 +128,20 @@ def test_the_continue_token_is_read_from_the_head_only():
     # parses the page and restarts the fetcher from the token it found.
     assert _peek_continue(b'{"items":[],"metadata":{"continue":"abc"}}') is None
     assert _peek_continue(b'{"metadata":{"continue":"abc"],"items":[]}') is None
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_the_cyclic_collector_is_paused_inside_and_back_after(freeze):
+    frozen = gc.get_freeze_count()
+    try:
+        with paused_gc(freeze=freeze):
+            built = [[n] for n in range(1000)]  # lists: always tracked by the collector
+            with paused_gc():  # nested: still paused, and nothing frozen yet
+                assert not gc.isenabled()
+            assert not gc.isenabled() and gc.get_freeze_count() == frozen
+        assert gc.isenabled()
+        # Frozen: what was built is out of the collector's sight; not frozen: left where it was.
+        assert (gc.get_freeze_count() >= frozen + len(built)) is freeze
+    finally:
+        gc.unfreeze()
+        gc.enable()

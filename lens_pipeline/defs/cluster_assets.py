@@ -56,6 +56,7 @@ from lens_pipeline.defs.resources import (
     PrometheusResource,
     SafeDatabase,
 )
+from lens_pipeline.kube.reader import paused_gc
 
 # gpu_devices comes after gpu_pods (its queries are asked while gpu_pods works: listing is done then,
 # so Prometheus does not slow the API's pages) and before gpu_workloads (its answers are let go
@@ -129,30 +130,38 @@ def cluster_assets(
             continue
         step = ClusterStep(context, cluster, kubernetes, prometheus, lens_db, safe_db, config)
         broken: set[str] = set()
-        try:
-            for index, part in enumerate(selected):
-                # Prometheus evaluates the next part's queries while this part works.
-                step.prefetch([p for p in selected[index : index + 2] if not broken & {d.key for d in p.deps}])
-                upstream = [d.key for d in part.deps if d.key in broken]
-                if upstream:
-                    broken.add(part.key)
-                    failures.append(
-                        PartFailure(name, part.key, f"not computed: {', '.join(upstream)} failed")
+        # A cluster's turn builds millions of objects, without reference cycles, all let go at its
+        # end: the cyclic collector would only rescan them over and over (about a second at the
+        # envelope). The collector is back at work once they are let go.
+        with paused_gc(freeze=False):
+            try:
+                for index, part in enumerate(selected):
+                    # Prometheus evaluates the next part's queries while this part works.
+                    step.prefetch(
+                        [p for p in selected[index : index + 2] if not broken & {d.key for d in p.deps}]
                     )
-                    continue
-                try:
-                    result = part.compute(step)
-                except Exception as exc:
-                    broken.add(part.key)
-                    failures.append(PartFailure(name, part.key, f"{type(exc).__name__}: {exc}"))
-                    context.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
-                    continue
-                materialized += 1
-                yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
-                for check in result.check_results or ():
-                    checks[AssetCheckKey(AssetKey(part.key), check.check_name or "")].append((name, check))
-        finally:
-            step.release()
+                    upstream = [d.key for d in part.deps if d.key in broken]
+                    if upstream:
+                        broken.add(part.key)
+                        failures.append(
+                            PartFailure(name, part.key, f"not computed: {', '.join(upstream)} failed")
+                        )
+                        continue
+                    try:
+                        result = part.compute(step)
+                    except Exception as exc:
+                        broken.add(part.key)
+                        failures.append(PartFailure(name, part.key, f"{type(exc).__name__}: {exc}"))
+                        context.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
+                        continue
+                    materialized += 1
+                    yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
+                    for check in result.check_results or ():
+                        checks[AssetCheckKey(AssetKey(part.key), check.check_name or "")].append(
+                            (name, check)
+                        )
+            finally:
+                step.release()
 
     failed_by_part: dict[str, dict[str, str]] = defaultdict(dict)
     for failure in failures:

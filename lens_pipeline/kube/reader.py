@@ -368,17 +368,21 @@ def _peek_continue(body: bytes) -> str | None:
 
 
 @contextmanager
-def paused_gc() -> Iterator[None]:
-    """No cyclic garbage collection inside (nested uses keep it off until the outermost ends)."""
+def paused_gc(*, freeze: bool = True) -> Iterator[None]:
+    """No cyclic garbage collection inside (nested uses keep it off until the outermost ends).
+
+    With `freeze`, what was built inside is taken as long-lived and acyclic, and moved out of the
+    collector's sight at the end instead of being scanned by the next collection (refcounting
+    still frees it). Without, the collector goes back to work as it was: for a scope whose
+    objects are let go at its end."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
-            # What was built inside is long-lived and acyclic: move it out of the collector's sight
-            # instead of letting the next collection scan it (refcounting still frees it).
-            gc.freeze()
+            if freeze:
+                gc.freeze()
             gc.enable()
 
 

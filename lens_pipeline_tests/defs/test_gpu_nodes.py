@@ -6,6 +6,7 @@ it row for row, stay untouched by a run that sees no change, and follow the clus
 
 from __future__ import annotations
 
+import gc
 import json
 import urllib.request
 from pathlib import Path
@@ -167,6 +168,7 @@ def test_requests_are_pages_only(sim, instance, sqlite_url):
     assert meta["kubernetes_requests"] == meta["kubernetes_pages"]
     assert cluster.request_count("/prometheus") == meta["prometheus_queries"] == 1
     assert cluster.request_count() == meta["kubernetes_pages"] + 1
+    assert gc.isenabled()  # paused for the cluster's turn only
 
 
 def test_malformed_nodes_are_counted_and_stored_rows_survive(sim, instance, sqlite_url):
