@@ -66,6 +66,21 @@ def write_pods(
     """
     scope = {"cluster_name": cluster_name}
     protect = [(cluster_name, uid) for uid in unreadable]
+    # Snapshots and events first: on PostgreSQL they are most of the database's work, done behind
+    # (write-behind) while the pods and their resources are compared here.
+    new_snapshots, first_seen = insert_new_snapshots(
+        conn, pod_snapshot, cluster_name, "pod_uid", snapshots, now=now
+    )
+    # The events of a pod seen for the first time are new (PostgreSQL COPYs them straight into the
+    # table); a pod seen before may bring again a condition already stored, which is left alone.
+    first_events, other_events = [], []
+    for s in new_snapshots:
+        uid = s["pod_uid"]
+        (first_events if uid in first_seen else other_events).extend({**scope, **e} for e in events_of(uid))
+    bulk_upsert(conn, gpu_pods_event, first_events, update_columns=[], new=True)
+    bulk_upsert(conn, gpu_pods_event, other_events, update_columns=[])
+    counts = {"pod_snapshot": len(new_snapshots), "gpu_pods_event": len(first_events) + len(other_events)}
+    del new_snapshots, first_events, other_events  # sent: not kept while the pods are compared
     pods_result: SyncResult = sync_snapshot(
         conn,
         gpu_pods,
@@ -87,20 +102,8 @@ def write_pods(
         vanish_filter=lambda stored: stored["end_at"] is None,
         protect=protect,
     )
-    new_snapshots, first_seen = insert_new_snapshots(
-        conn, pod_snapshot, cluster_name, "pod_uid", snapshots, now=now
-    )
-    # The events of a pod seen for the first time are new (PostgreSQL COPYs them straight into the
-    # table); a pod seen before may bring again a condition already stored, which is left alone.
-    first_events, other_events = [], []
-    for s in new_snapshots:
-        uid = s["pod_uid"]
-        (first_events if uid in first_seen else other_events).extend({**scope, **e} for e in events_of(uid))
-    bulk_upsert(conn, gpu_pods_event, first_events, update_columns=[], new=True)
-    bulk_upsert(conn, gpu_pods_event, other_events, update_columns=[])
     return {
         "gpu_pods": pods_result,
         "pod_resource": resources_result,
-        "pod_snapshot": len(new_snapshots),
-        "gpu_pods_event": len(first_events) + len(other_events),
+        **counts,
     }

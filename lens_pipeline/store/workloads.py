@@ -45,6 +45,11 @@ def write_workloads(
     it already ended), and cleared if it comes back (pods return to a Done Deployment).
     """
     scope = {"cluster_name": cluster_name}
+    # Snapshots first: on PostgreSQL they are most of the database's work, done behind
+    # (write-behind) while the workloads and their pod references are compared here.
+    snapshots_written = len(
+        insert_new_snapshots(conn, gpu_workload_snapshot, cluster_name, "uid", snapshots, now=now)[0]
+    )
     rows = []
     for row in workloads:
         before = stored.get(row["uid"])
@@ -82,11 +87,8 @@ def write_workloads(
         update_columns=[],
         new=True,
     )
-    new_snapshots, _ = insert_new_snapshots(
-        conn, gpu_workload_snapshot, cluster_name, "uid", snapshots, now=now
-    )
     return {
         "gpu_workload": result,
         "workload_pod_reference": len(new_pairs),
-        "gpu_workload_snapshot": len(new_snapshots),
+        "gpu_workload_snapshot": snapshots_written,
     }
