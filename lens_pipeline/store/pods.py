@@ -8,10 +8,14 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, select
 
-from lens_pipeline.store.schema import gpu_pods, gpu_pods_event, pod_resource, pod_snapshot
+from lens_pipeline.store.schema import gpu_pods, gpu_pods_event, pod_resource
 from lens_pipeline.store.upsert import SyncResult, bulk_upsert, sync_snapshot
 
 Row = dict[str, Any]
+# Snapshots sent per batch: on PostgreSQL each batch of new rows is a few COPY chunks and their
+# savepoints (upsert.CHUNK_BYTES), so batches must stay large enough to keep the savepoints of one
+# transaction few (at 150k pods, 6 batches).
+SNAPSHOT_BATCH_ROWS = 20_000
 
 
 def latest_versions(conn: Connection, table: Any, cluster_name: str, uid_column: str) -> dict[str, int]:
@@ -25,25 +29,73 @@ def latest_versions(conn: Connection, table: Any, cluster_name: str, uid_column:
     return {row[0]: row[1] for row in conn.execute(query)}
 
 
+class SnapshotWriter:
+    """Snapshots written as they are built, in batches, each only when the object's resourceVersion
+    is newer than its last stored one: on PostgreSQL the database stores the first batches
+    (write-behind) while the collector still builds the others.
+
+    Open it on the collector's write transaction; `close` sends what is left."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        table: Any,
+        cluster_name: str,
+        uid_column: str,
+        *,
+        now: datetime,
+        batch_rows: int = SNAPSHOT_BATCH_ROWS,
+    ) -> None:
+        self._conn, self._table, self._uid = conn, table, uid_column
+        self._fixed = {"cluster_name": cluster_name, "created_at": now}
+        self._known = latest_versions(conn, table, cluster_name, uid_column)
+        self._batch_rows = batch_rows
+        self._pending: list[Row] = []
+        self.written = 0
+        self.first_seen: set[str] = set()  # objects with no snapshot stored before
+
+    def moved(self, uid: str, version: int) -> bool:
+        """Whether a snapshot at `version` is newer than the object's last stored one."""
+        return version > self._known.get(uid, -1)
+
+    def add(self, snapshot: Row) -> bool:
+        """Queue the snapshot if it moved; says whether it did."""
+        uid = snapshot[self._uid]
+        if not self.moved(uid, snapshot["resource_version"]):
+            return False
+        if uid not in self._known:
+            self.first_seen.add(uid)
+        self._pending.append({**snapshot, **self._fixed})
+        if len(self._pending) >= self._batch_rows:
+            self._send()
+        return True
+
+    def close(self) -> int:
+        """Send what is left; the number of snapshots written."""
+        self._send()
+        return self.written
+
+    def _send(self) -> None:
+        bulk_upsert(self._conn, self._table, self._pending, update_columns=[], new=True)
+        self.written += len(self._pending)
+        self._pending = []
+
+
 def insert_new_snapshots(
     conn: Connection,
     table: Any,
     cluster_name: str,
     uid_column: str,
-    snapshots: Sequence[Row],
+    snapshots: Iterable[Row],
     *,
     now: datetime,
-) -> tuple[list[Row], set[str]]:
-    """Insert the snapshots whose resourceVersion is newer than the object's last stored one.
-    Returns them, and the uids of the objects that had no snapshot stored before."""
-    known = latest_versions(conn, table, cluster_name, uid_column)
-    fresh = [
-        {"cluster_name": cluster_name, **s, "created_at": now}
-        for s in snapshots
-        if s["resource_version"] > known.get(s[uid_column], -1)
-    ]
-    bulk_upsert(conn, table, fresh, update_columns=[], new=True)
-    return fresh, {s[uid_column] for s in fresh if s[uid_column] not in known}
+) -> int:
+    """Insert the snapshots whose resourceVersion is newer than the object's last stored one;
+    the number inserted."""
+    writer = SnapshotWriter(conn, table, cluster_name, uid_column, now=now)
+    for snapshot in snapshots:
+        writer.add(snapshot)
+    return writer.close()
 
 
 def write_pods(
@@ -52,35 +104,35 @@ def write_pods(
     *,
     pods: Sequence[Row],
     resources: Sequence[Row],
-    snapshots: Sequence[Row],
-    events_of: Any,
+    snapshots: SnapshotWriter,
+    events: Iterable[Row],
     now: datetime,
     unreadable: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """One cluster's GPU pods, as one transaction's worth of writes.
+    """One cluster's GPU pods, as one transaction's worth of writes, on the transaction `snapshots`
+    was opened on.
 
     Pods gone from the cluster are marked `deleted`, not running, and their `pod_resource` gets an
     `end_at`; nothing is dropped. A snapshot (and the condition events it brings) is written only
-    for pods whose resourceVersion is newer than the last stored one. `events_of(uid)` gives the
-    event rows of a pod whose snapshot is new.
+    for pods whose resourceVersion is newer than the last stored one: `events` are the condition
+    events of the pods whose snapshot `snapshots` took.
     """
     scope = {"cluster_name": cluster_name}
     protect = [(cluster_name, uid) for uid in unreadable]
     # Snapshots and events first: on PostgreSQL they are most of the database's work, done behind
     # (write-behind) while the pods and their resources are compared here.
-    new_snapshots, first_seen = insert_new_snapshots(
-        conn, pod_snapshot, cluster_name, "pod_uid", snapshots, now=now
-    )
+    snapshots_written = snapshots.close()
     # The events of a pod seen for the first time are new (PostgreSQL COPYs them straight into the
     # table); a pod seen before may bring again a condition already stored, which is left alone.
     first_events, other_events = [], []
-    for s in new_snapshots:
-        uid = s["pod_uid"]
-        (first_events if uid in first_seen else other_events).extend({**scope, **e} for e in events_of(uid))
+    for event in events:
+        (first_events if event["pod_uuid"] in snapshots.first_seen else other_events).append(
+            {**scope, **event}
+        )
     bulk_upsert(conn, gpu_pods_event, first_events, update_columns=[], new=True)
     bulk_upsert(conn, gpu_pods_event, other_events, update_columns=[])
-    counts = {"pod_snapshot": len(new_snapshots), "gpu_pods_event": len(first_events) + len(other_events)}
-    del new_snapshots, first_events, other_events  # sent: not kept while the pods are compared
+    counts = {"pod_snapshot": snapshots_written, "gpu_pods_event": len(first_events) + len(other_events)}
+    del first_events, other_events  # sent: not kept while the pods are compared
     pods_result: SyncResult = sync_snapshot(
         conn,
         gpu_pods,

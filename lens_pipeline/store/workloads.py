@@ -47,8 +47,8 @@ def write_workloads(
     scope = {"cluster_name": cluster_name}
     # Snapshots first: on PostgreSQL they are most of the database's work, done behind
     # (write-behind) while the workloads and their pod references are compared here.
-    snapshots_written = len(
-        insert_new_snapshots(conn, gpu_workload_snapshot, cluster_name, "uid", snapshots, now=now)[0]
+    snapshots_written = insert_new_snapshots(
+        conn, gpu_workload_snapshot, cluster_name, "uid", snapshots, now=now
     )
     rows = []
     for row in workloads:

@@ -18,7 +18,7 @@ from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, coll
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.pods import latest_versions, write_pods
+from lens_pipeline.store.pods import SnapshotWriter, write_pods
 from lens_pipeline.store.schema import pod_snapshot
 
 TABLE_COLUMNS = ("namespace", "name", "node_name", "gpu_allocated", "phase", "running", "deleted", "ip")
@@ -37,43 +37,43 @@ def gpu_pods(step: ClusterStep) -> MaterializeResult:
     snapshot = run.snapshot
     run.problems += snapshot.pod_problems
     models = gpu_models_by_node(snapshot.nodes, snapshot.profiles)
+    now = datetime.now(UTC)
 
-    engine = step.lens_db.engine()
-    with engine.connect() as conn:
-        stored_versions = latest_versions(conn, pod_snapshot, run.cluster.name, "pod_uid")
-    pod_rows, resource_rows, snapshot_rows, events, unreadable = [], [], [], {}, set()
-    for pod in snapshot.gpu_pods:
-        try:
-            rows = (gpu_pod_row(pod), pod_resource_row(pod, models.get(pod.node_name, "")))
-            # A pod whose resourceVersion did not move is the object already stored in full, and
-            # read without error then: its snapshot and condition events are not built again.
-            moved = resource_version(pod.metadata) > stored_versions.get(pod.uid, -1)
+    pod_rows, resource_rows, events, unreadable = [], [], [], set()
+    with write_transaction(step.lens_db.engine()) as conn:
+        # Snapshots are sent while the rows are built (on PostgreSQL the database stores them
+        # meanwhile); the rest is written at the end.
+        snapshots = SnapshotWriter(conn, pod_snapshot, run.cluster.name, "pod_uid", now=now)
+        for pod in snapshot.gpu_pods:
+            try:
+                rows = (gpu_pod_row(pod), pod_resource_row(pod, models.get(pod.node_name, "")))
+                # A pod whose resourceVersion did not move is the object already stored in full, and
+                # read without error then: its snapshot and condition events are not built again.
+                moved = snapshots.moved(pod.uid, resource_version(pod.metadata))
+                if moved:
+                    new_snapshot, new_events = pod_snapshot_row(pod), condition_events(pod)
+            except MalformedObject as exc:
+                run.problems.append(
+                    Problem("Pod", f"{pod.metadata['namespace']}/{pod.metadata['name']}", str(exc))
+                )
+                unreadable.add(pod.uid)
+                continue
+            pod_rows.append(rows[0])
+            resource_rows.append(rows[1])
             if moved:
-                new_snapshot = pod_snapshot_row(pod)
-                events[pod.uid] = condition_events(pod)
-        except MalformedObject as exc:
-            run.problems.append(
-                Problem("Pod", f"{pod.metadata['namespace']}/{pod.metadata['name']}", str(exc))
-            )
-            unreadable.add(pod.uid)
-            continue
-        pod_rows.append(rows[0])
-        resource_rows.append(rows[1])
-        if moved:
-            snapshot_rows.append(new_snapshot)
-    del stored_versions
-
-    with write_transaction(engine) as conn:
+                snapshots.add(new_snapshot)
+                events += new_events
         written = write_pods(
             conn,
             run.cluster.name,
             pods=pod_rows,
             resources=resource_rows,
-            snapshots=snapshot_rows,
-            events_of=lambda uid: events.get(uid, []),
-            now=datetime.now(UTC),
+            snapshots=snapshots,
+            events=events,
+            now=now,
             unreadable=unreadable,
         )
+    del events
 
     snapshot.drop_pod_details()
     node_names = {object_name(n) for n in snapshot.nodes}
