@@ -81,23 +81,6 @@ class SnapshotWriter:
         self._pending = []
 
 
-def insert_new_snapshots(
-    conn: Connection,
-    table: Any,
-    cluster_name: str,
-    uid_column: str,
-    snapshots: Iterable[Row],
-    *,
-    now: datetime,
-) -> int:
-    """Insert the snapshots whose resourceVersion is newer than the object's last stored one;
-    the number inserted."""
-    writer = SnapshotWriter(conn, table, cluster_name, uid_column, now=now)
-    for snapshot in snapshots:
-        writer.add(snapshot)
-    return writer.close()
-
-
 def write_pods(
     conn: Connection,
     cluster_name: str,

@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from lens_pipeline.store.pods import insert_new_snapshots
-from lens_pipeline.store.schema import gpu_workload, gpu_workload_snapshot, workload_pod_reference
+from lens_pipeline.store.pods import SnapshotWriter
+from lens_pipeline.store.schema import gpu_workload, workload_pod_reference
 from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
 
 Row = dict[str, Any]
@@ -34,12 +34,13 @@ def write_workloads(
     *,
     workloads: Sequence[Row],
     references: Iterable[tuple[str, str]],
-    snapshots: Sequence[Row],
+    snapshots: SnapshotWriter,
     stored: dict[str, Row],
     now: datetime,
     unreadable: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Make the cluster's workloads equal `workloads`; the ones whose object is gone become Deleted.
+    `snapshots` (opened on `conn`) has taken the workloads' snapshots.
 
     `end_at` is set once, when a workload stops being Running/Pending (kept from an earlier run if
     it already ended), and cleared if it comes back (pods return to a Done Deployment).
@@ -47,9 +48,7 @@ def write_workloads(
     scope = {"cluster_name": cluster_name}
     # Snapshots first: on PostgreSQL they are most of the database's work, done behind
     # (write-behind) while the workloads and their pod references are compared here.
-    snapshots_written = insert_new_snapshots(
-        conn, gpu_workload_snapshot, cluster_name, "uid", snapshots, now=now
-    )
+    snapshots_written = snapshots.close()
     rows = []
     for row in workloads:
         before = stored.get(row["uid"])

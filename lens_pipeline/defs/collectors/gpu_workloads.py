@@ -21,6 +21,8 @@ from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
 from lens_pipeline.store.db import write_transaction
+from lens_pipeline.store.pods import SnapshotWriter
+from lens_pipeline.store.schema import gpu_workload_snapshot
 from lens_pipeline.store.workloads import stored_workloads, write_workloads
 
 TABLE_COLUMNS = ("kind", "namespace", "name", "status", "gpu_request", "parent_uid")
@@ -96,17 +98,20 @@ def gpu_workloads(step: ClusterStep) -> MaterializeResult:
         u for u, s in stored.items() if u not in below and s["status"] != "Deleted" and u in objects
     ]
     safe_by_name = safe_workloads_by_name(objects)
-    rows, snapshots, unreadable = [], [], []
-    for uid in [*below, *still_there]:
-        obj = objects[uid]
-        try:
-            rows.append(workload_row(obj, parent_uid(obj["metadata"], safe_by_name), below.get(uid, [])))
-            snapshots.append(snapshot_row(obj))
-        except MalformedObject as exc:
-            run.problems.append(Problem(str(obj.get("kind")), str(obj["metadata"].get("name")), str(exc)))
-            unreadable.append(uid)
-
+    rows, unreadable = [], []
+    now = datetime.now(UTC)
     with write_transaction(engine) as conn:
+        # Snapshots are sent while the rows are built (on PostgreSQL the database stores them
+        # meanwhile); the rest is written at the end.
+        snapshots = SnapshotWriter(conn, gpu_workload_snapshot, run.cluster.name, "uid", now=now)
+        for uid in [*below, *still_there]:
+            obj = objects[uid]
+            try:
+                rows.append(workload_row(obj, parent_uid(obj["metadata"], safe_by_name), below.get(uid, [])))
+                snapshots.add(snapshot_row(obj))
+            except MalformedObject as exc:
+                run.problems.append(Problem(str(obj.get("kind")), str(obj["metadata"].get("name")), str(exc)))
+                unreadable.append(uid)
         written = write_workloads(
             conn,
             run.cluster.name,
@@ -114,7 +119,7 @@ def gpu_workloads(step: ClusterStep) -> MaterializeResult:
             references=references,
             snapshots=snapshots,
             stored=stored,
-            now=datetime.now(UTC),
+            now=now,
             unreadable=unreadable,
         )
     by_status: dict[str, int] = defaultdict(int)
