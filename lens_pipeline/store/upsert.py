@@ -138,8 +138,8 @@ def _submit(
     chunk: list[bytes] = []
     size = 0
     for start in range(0, len(rows), batch_rows):
-        batch = _driver_values(dialect, table, columns, rows[start : start + batch_rows])
-        piece = _copy_text(batch).encode(encoding)
+        batch = _driver_columns(dialect, table, columns, rows[start : start + batch_rows])
+        piece = _copy_text_of_columns(batch).encode(encoding)
         chunk.append(piece)
         size += len(piece)
         if size >= CHUNK_BYTES or start + batch_rows >= len(rows):
@@ -225,7 +225,30 @@ def _copy_new(
 
 
 def _copy_text(batch: list[tuple]) -> str:
-    return "".join("\t".join(map(_copy_field, row)) + "\n" for row in batch)
+    """Rows (tuples of driver values) in COPY's text format."""
+    return _copy_text_of_columns([list(column) for column in zip(*batch, strict=True)]) if batch else ""
+
+
+def _copy_text_of_columns(columns: list[list]) -> str:
+    """Rows given column by column in COPY's text format. A column is converted as a whole where its
+    values allow (strings with nothing to escape, integers), without a call per value: at 110k
+    pods, converting value by value was about 2.5 s of the collector's thread on PostgreSQL."""
+    lines = map("\t".join, zip(*map(_copy_column, columns), strict=True))
+    return "\n".join(lines) + "\n"
+
+
+def _copy_column(values: list) -> list[str]:
+    kinds = set(map(type, values))
+    nullable = type(None) in kinds
+    kinds.discard(type(None))
+    if kinds <= {str}:
+        joined = "".join(filter(None, values))
+        if "\\" in joined or "\t" in joined or "\n" in joined or "\r" in joined:
+            return list(map(_copy_field, values))  # something to escape: value by value
+        return ["\\N" if v is None else v for v in values] if nullable else values
+    if kinds <= {int}:  # not bool: its own type, written t/f below
+        return ["\\N" if v is None else str(v) for v in values] if nullable else list(map(str, values))
+    return list(map(_copy_field, values))
 
 
 def _copy(cursor: Any, target: str, columns: Sequence[str], data: bytes) -> None:
@@ -289,14 +312,21 @@ def _upsert_sql(
 def _driver_values(
     dialect: Dialect, table: Table, columns: Sequence[str], rows: Sequence[Mapping]
 ) -> list[tuple]:
-    """Each row as a tuple the driver takes, through each column type's bind processor (timestamps
-    to UTC, JSON to text...); a column without one passes its values through untouched."""
+    """Each row as a tuple the driver takes (`_driver_columns`, row by row)."""
+    return list(zip(*_driver_columns(dialect, table, columns, rows), strict=True))
+
+
+def _driver_columns(
+    dialect: Dialect, table: Table, columns: Sequence[str], rows: Sequence[Mapping]
+) -> list[list]:
+    """The values of each column as the driver takes them, through the column type's bind processor
+    (timestamps to UTC, JSON to text...); a column without one passes its values through untouched."""
     by_column = [[row[c] for row in rows] for c in columns]
     for column, values in zip(columns, by_column, strict=True):
         process = table.c[column].type._cached_bind_processor(dialect)
         if process is not None:
             _convert(values, process)
-    return list(zip(*by_column, strict=True))
+    return by_column
 
 
 def _convert(values: list, process: Callable[[Any], Any]) -> None:

@@ -118,6 +118,37 @@ def test_rows_said_new_are_still_upserted_when_a_key_is_stored_after_all(lens_ur
         conn.rollback()
 
 
+AWKWARD = ["plain", "tab\there", "line\nbreak", "carriage\rreturn", "back\\slash", "\\N", "", "ünïcode", None]
+
+
+@pytest.mark.parametrize("new", [False, True], ids=["upsert", "new rows"])
+def test_values_that_need_escaping_are_stored_as_given(lens_url, new):
+    # PostgreSQL takes rows as COPY text, converted column by column where nothing needs escaping
+    # and value by value where something does; every dialect must store exactly what was given.
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    rows = [
+        _node(f"n{i:02d}", status=status, gpu_utilization=None if i % 2 else 1.5, labels={"k": status or "-"})
+        for i, status in enumerate(AWKWARD)
+    ]
+    plain = [
+        _node(f"p{i:02d}", status="Ready", gpu_count=i) for i in range(5)
+    ]  # a column with nothing to escape
+    with write_transaction(engine) as conn:
+        bulk_upsert(conn, node, rows, new=new)
+        bulk_upsert(conn, node, plain, new=new)
+    with engine.connect() as conn:
+        stored = {r.name: r for r in conn.execute(select(node)).all()}
+    for row in rows + plain:
+        have = stored[row["name"]]
+        assert (have.status, have.gpu_utilization, have.labels, have.gpu_count) == (
+            row["status"],
+            row["gpu_utilization"],
+            row["labels"],
+            row["gpu_count"],
+        ), row["name"]
+
+
 def test_naive_datetimes_are_refused(sqlite_url):
     engine = get_engine(sqlite_url)
     ensure_schema(engine, "lens")
