@@ -145,3 +145,17 @@ def test_the_cyclic_collector_is_paused_inside_and_back_after(freeze):
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+def test_a_list_given_up_half_way_leaves_no_request_behind(serve):
+    server = serve()
+
+    def broken(item: dict) -> None:
+        raise RuntimeError("projection broke")
+
+    with reader_for(server) as reader, pytest.raises(RuntimeError, match="projection broke"):
+        reader.list("/api/v1/pods", broken)
+    # The helper was waited for: whatever it had asked for is answered and counted, nothing later.
+    asked = list(server.seen)
+    assert reader.stats.requests == len(asked) <= 1 + 3
+    assert not [t for t in threading.enumerate() if t.name == "kube-list"]

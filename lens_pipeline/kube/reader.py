@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PAGE_SIZE = 500
-# Pages fetched ahead of the one being parsed: the API server is never left waiting for us.
+# Pages fetched ahead wait in a queue of this size while the caller parses one (the helper may hold
+# one more, received, until there is room): the API server is never left waiting for us.
 PAGES_AHEAD = 2
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 
@@ -286,11 +287,11 @@ class _PagesAhead:
     """The pages of one LIST, fetched by a helper thread ahead of the caller.
 
     The helper reads each page's continue token from the page's head (kube-apiserver writes the
-    list's `metadata` before its `items`) and asks for the next page at once, up to `PAGES_AHEAD`
-    pages ahead: the server works on the next pages while the caller parses this one, and the
-    helper is not kept waiting for a whole page to be parsed before it can ask. Still one request
-    at a time, in order, as without it. When a head cannot be read, the helper stops and the caller
-    restarts it from the token it parsed itself.
+    list's `metadata` before its `items`) and asks for the next page at once, while up to
+    `PAGES_AHEAD` pages wait for the caller: the server works on the next pages while the caller
+    parses this one, and the helper is not kept waiting for a whole page to be parsed before it
+    can ask. Still one request at a time, in order, as without it. When a head cannot be read, the
+    helper stops and the caller restarts it from the token it parsed itself.
     """
 
     def __init__(
@@ -299,17 +300,19 @@ class _PagesAhead:
         self._reader, self._path = reader, path
         self._selectors = (label_selector, field_selector)
         self._stop = threading.Event()
+        self._helper: threading.Thread | None = None
         self._pages: queue.Queue[tuple[int, bytes, str | None] | BaseException] = queue.Queue()
         self.restart(None)
 
     def restart(self, token: str | None) -> None:
         """Forget what was fetched ahead and fetch again from `token`."""
-        self._stop.set()  # the previous helper (if any) puts nothing more
+        self._end_helper()  # its request under way finishes first: still one at a time
         self._stop = threading.Event()
         self._pages = queue.Queue(maxsize=PAGES_AHEAD)
-        threading.Thread(
+        self._helper = threading.Thread(
             target=self._fetch, args=(token, self._stop, self._pages), name="kube-list", daemon=True
-        ).start()
+        )
+        self._helper.start()
 
     def next(self) -> tuple[int, bytes, str | None]:
         """(status, body, the continue token the next page was fetched with, if any)."""
@@ -319,23 +322,29 @@ class _PagesAhead:
         return page
 
     def _fetch(self, token: str | None, stop: threading.Event, pages: queue.Queue) -> None:
-        while not stop.is_set():
-            try:
+        try:
+            while not stop.is_set():
                 query = self._reader._list_query(token, *self._selectors)
                 status, body = self._reader._get(self._path, query)
-            except BaseException as exc:  # the caller raises it
-                _put(pages, exc, stop)
-                return
-            token = _peek_continue(body) if status == 200 else None
-            _put(pages, (status, body, token), stop)
-            if token is None:
-                return
+                token = _peek_continue(body) if status == 200 else None
+                _put(pages, (status, body, token), stop)
+                if token is None:
+                    return
+        except BaseException as exc:  # the caller raises it
+            _put(pages, exc, stop)
+
+    def _end_helper(self) -> None:
+        """Stop the helper and wait for it: a request it has under way ends as it would have
+        (its own timeout and retries), so that none outlives the list."""
+        self._stop.set()
+        if self._helper is not None:
+            self._helper.join()
 
     def __enter__(self) -> _PagesAhead:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self._stop.set()
+        self._end_helper()
 
 
 def _put(pages: queue.Queue, item: object, stop: threading.Event) -> None:
