@@ -98,12 +98,14 @@ def bulk_upsert(
         if dialect.name != "postgresql":
             for batch in batches():
                 cursor.executemany(sql, batch)
-        elif not (
-            new and _copy_new(cursor, dialect.identifier_preparer.format_table(table), columns, batches)
-        ):
-            for batch in batches():
-                _copy_into_stage(cursor, table, columns, batch)
-                cursor.execute(sql)
+        else:
+            encoding = _python_encoding(cursor.connection)
+            target = dialect.identifier_preparer.format_table(table)
+            texts = (_copy_text(batch).encode(encoding) for batch in batches())
+            if not (new and _copy_new(cursor, target, columns, texts)):
+                for batch in batches():
+                    _copy_into_stage(cursor, table, columns, _copy_text(batch).encode(encoding))
+                    cursor.execute(sql)
     finally:
         cursor.close()
     return len(rows)
@@ -161,20 +163,9 @@ def _copy_chunk(
     through the stage."""
     data = b"".join(pieces)
     del pieces[:]
-    if new:
-        from psycopg2.errors import UniqueViolation
-
-        cursor.execute("SAVEPOINT lens_copy_new")
-        try:
-            _copy(cursor, target, columns, data)
-        except UniqueViolation:
-            cursor.execute("ROLLBACK TO SAVEPOINT lens_copy_new")
-        else:
-            cursor.execute("RELEASE SAVEPOINT lens_copy_new")
-            return
-        cursor.execute("RELEASE SAVEPOINT lens_copy_new")
-    _prepare_stage(cursor, table)
-    _copy(cursor, f'"{_stage_name(table)}"', columns, data)
+    if new and _copy_new(cursor, target, columns, [data]):
+        return
+    _copy_into_stage(cursor, table, columns, data)
     cursor.execute(sql)
 
 
@@ -182,40 +173,28 @@ def _stage_name(table: Table) -> str:
     return f"lens_stage_{table.name}"
 
 
-def _copy_into_stage(cursor: Any, table: Table, columns: Sequence[str], batch: list[tuple]) -> None:
-    """PostgreSQL: the batch into an empty temporary copy of the table by COPY, several times faster
-    than a multi-row INSERT to parse; `_upsert_sql` then moves it with one INSERT ... SELECT."""
-    _prepare_stage(cursor, table)
-    _copy(
-        cursor,
-        f'"{_stage_name(table)}"',
-        columns,
-        _copy_text(batch).encode(_python_encoding(cursor.connection)),
-    )
-
-
-def _prepare_stage(cursor: Any, table: Table) -> None:
+def _copy_into_stage(cursor: Any, table: Table, columns: Sequence[str], data: bytes) -> None:
+    """PostgreSQL: rows (COPY text) into an empty temporary copy of the table, several times faster
+    than a multi-row INSERT to parse; `_upsert_sql` then moves them with one INSERT ... SELECT."""
     stage = _stage_name(table)
     cursor.execute(
         f'CREATE TEMPORARY TABLE IF NOT EXISTS "{stage}" ON COMMIT DROP AS '
         f'SELECT * FROM "{table.name}" WITH NO DATA'
     )
     cursor.execute(f'TRUNCATE "{stage}"')
+    _copy(cursor, f'"{stage}"', columns, data)
 
 
-def _copy_new(
-    cursor: Any, target: str, columns: Sequence[str], batches: Callable[[], Iterator[list[tuple]]]
-) -> bool:
-    """PostgreSQL: COPY rows with new keys straight into the table, under one savepoint (one
-    subtransaction per call, however many batches). False, with nothing written, when a key is
-    stored after all (written since the caller looked)."""
+def _copy_new(cursor: Any, target: str, columns: Sequence[str], texts: Iterable[bytes]) -> bool:
+    """PostgreSQL: COPY rows with new keys (COPY text, piece by piece) straight into the table, under
+    one savepoint (one subtransaction per call, however many pieces). False, with nothing written,
+    when a key is stored after all (written since the caller looked)."""
     from psycopg2.errors import UniqueViolation
 
-    encoding = _python_encoding(cursor.connection)
     cursor.execute("SAVEPOINT lens_copy_new")
     try:
-        for batch in batches():
-            _copy(cursor, target, columns, _copy_text(batch).encode(encoding))
+        for data in texts:
+            _copy(cursor, target, columns, data)
     except UniqueViolation:
         cursor.execute("ROLLBACK TO SAVEPOINT lens_copy_new")
         cursor.execute("RELEASE SAVEPOINT lens_copy_new")
