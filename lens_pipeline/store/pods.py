@@ -58,17 +58,16 @@ class SnapshotWriter:
         """Whether a snapshot at `version` is newer than the object's last stored one."""
         return version > self._known.get(uid, -1)
 
-    def add(self, snapshot: Row) -> bool:
-        """Queue the snapshot if it moved; says whether it did."""
+    def add(self, snapshot: Row) -> None:
+        """Queue the snapshot if it moved."""
         uid = snapshot[self._uid]
         if not self.moved(uid, snapshot["resource_version"]):
-            return False
+            return
         if uid not in self._known:
             self.first_seen.add(uid)
         self._pending.append({**snapshot, **self._fixed})
         if len(self._pending) >= self._batch_rows:
             self._send()
-        return True
 
     def close(self) -> int:
         """Send what is left; the number of snapshots written."""
