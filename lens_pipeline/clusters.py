@@ -1,56 +1,116 @@
 """The cluster registry: which clusters exist, how to reach their API server and Prometheus, which GPUs.
 
-Loaded from a YAML file (`LENS_CLUSTERS_FILE`) or from a directory holding one kubeconfig per
-cluster (the original's `multi-k8s-config` Secret, mounted). Every entry is checked on its own: a
-bad entry becomes a `RegistryError` naming the cluster and the field, and the others still load.
+Loaded from a YAML file (`LENS_CLUSTERS_FILE`) or from a directory with one file per cluster, as
+the original's `multi-k8s-config` Secret is mounted: each file a kubeconfig, or the original's
+`ClusterConfig` JSON (`host`, `bearerToken`, `caData`...). Every entry is checked on its own, as a
+typed model: a bad entry becomes a `RegistryError` naming the cluster and the field, and the others
+still load.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from lens_pipeline.vendors import VENDOR_CHOICES
+from lens_pipeline.vendors import ExporterOverrides
 
 # A DNS-1123 label: also keeps `,` and `|` out of partition keys, which break Dagster backfills.
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_KUBECONFIG_SUFFIXES = (".yaml", ".yml", ".kubeconfig", ".conf")
-_ENTRY_FIELDS = {
-    "name",
-    "vendor",
-    "prometheus_url",
-    "kubeconfig",
-    "context",
-    "in_cluster",
-    "server",
-    "token",
-    "token_file",
-    "ca_file",
-    "insecure_skip_tls_verify",
-    "request_timeout_seconds",
-}
+_KUBECONFIG_SUFFIXES = (".yaml", ".yml", ".kubeconfig", ".conf", ".json")
+# A Prometheus label name.
+_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+_METRIC_PREFIX = r"^([a-zA-Z_:][a-zA-Z0-9_:]*)?$"
 
 
-@dataclass(frozen=True)
-class ClusterConfig:
-    """One cluster. Exactly one way to reach the API server: kubeconfig, in-cluster, or server + token."""
+class ExporterSettings(BaseModel):
+    """What auto-detection cannot guess about a cluster's exporters (registry key `exporters`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric_prefix: str | None = Field(
+        default=None, pattern=_METRIC_PREFIX, description="prefix of every GPU exporter metric, e.g. amd_"
+    )
+    metric_names: dict[str, str] = Field(
+        default_factory=dict, description="a metric's shipped name -> its name in this cluster's Prometheus"
+    )
+    node_label: str | None = Field(default=None, pattern=_LABEL_NAME, description="GPU series: node label")
+    pod_label: str | None = Field(default=None, pattern=_LABEL_NAME, description="GPU series: pod label")
+    namespace_label: str | None = Field(default=None, pattern=_LABEL_NAME)
+    nic_node_label: str | None = Field(default=None, pattern=_LABEL_NAME, description="InfiniBand series")
+
+    def overrides(self) -> ExporterOverrides:
+        return ExporterOverrides(
+            metric_prefix=self.metric_prefix,
+            metric_names=dict(self.metric_names),
+            node_label=self.node_label,
+            pod_label=self.pod_label,
+            namespace_label=self.namespace_label,
+            nic_node_label=self.nic_node_label,
+        )
+
+
+class ClusterConfig(BaseModel):
+    """One cluster. Exactly one way to reach the API server: kubeconfig, in-cluster, or server (with a
+    token or a client certificate)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    vendor: str = "auto"
+    vendor: Literal["amd", "nvidia", "auto"] = "auto"
     prometheus_url: str | None = None
     kubeconfig: str | None = None
     context: str | None = None
     in_cluster: bool = False
     server: str | None = None
-    token: str | None = field(default=None, repr=False)
+    token: str | None = Field(default=None, repr=False)
     token_file: str | None = None
     ca_file: str | None = None
+    # PEM, inline (the original's caData / certData / keyData, base64-decoded): never shown.
+    ca_data: str | None = Field(default=None, repr=False)
+    cert_data: str | None = Field(default=None, repr=False)
+    key_data: str | None = Field(default=None, repr=False)
+    cert_file: str | None = None
+    key_file: str | None = None
+    tls_server_name: str | None = None
     insecure_skip_tls_verify: bool = False
-    request_timeout_seconds: float = 30.0
+    request_timeout_seconds: float = Field(default=30.0, gt=0)
+    exporters: ExporterSettings = Field(default_factory=ExporterSettings)
+    # JuiceFS volume -> its capacity in bytes, for volumes without a quota (they report a made-up 1 PiB).
+    juicefs_capacity_bytes: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _dns1123(cls, name: str) -> str:
+        if (why := validate_cluster_name(name)) is not None:
+            raise ValueError(why)
+        return name
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return url.rstrip("/") if url else url
+
+    @field_validator("juicefs_capacity_bytes")
+    @classmethod
+    def _positive(cls, capacities: dict[str, float]) -> dict[str, float]:
+        bad = sorted(volume for volume, size in capacities.items() if not size > 0)
+        if bad:
+            raise ValueError(f"capacities must be positive numbers of bytes (not for {', '.join(bad)})")
+        return capacities
+
+    @property
+    def exporter_overrides(self) -> ExporterOverrides:
+        return self.exporters.overrides()
 
 
 @dataclass(frozen=True)
@@ -100,10 +160,10 @@ def validate_cluster_name(name: object) -> str | None:
 
 
 def load_registry(path: str | Path) -> Registry:
-    """Load the registry from a YAML file or from a directory of kubeconfigs."""
+    """Load the registry from a YAML file or from a directory of per-cluster files."""
     path = Path(path)
     if path.is_dir():
-        entries, errors = _entries_from_kubeconfig_dir(path, defaults={})
+        entries, errors = _entries_from_directory(path, defaults={})
         return _build(entries, errors, base=path, source=str(path))
     try:
         document = yaml.safe_load(path.read_text())
@@ -114,6 +174,15 @@ def load_registry(path: str | Path) -> Registry:
     except (OSError, yaml.YAMLError) as exc:
         return Registry({}, [RegistryError(None, "path", f"cannot read {str(path)!r}: {exc}")], str(path))
     return parse_registry(document, base=path.parent, source=str(path))
+
+
+def _with_defaults(defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """`entry` over `defaults`; mappings (exporters, capacities) merged one level down."""
+    merged = {**defaults, **entry}
+    for key, value in defaults.items():
+        if isinstance(value, dict) and isinstance(entry.get(key), dict):
+            merged[key] = {**value, **entry[key]}
+    return merged
 
 
 def parse_registry(document: Any, base: Path, source: str = "<memory>") -> Registry:
@@ -134,10 +203,10 @@ def parse_registry(document: Any, base: Path, source: str = "<memory>") -> Regis
     if not isinstance(raw_entries, list):
         errors.append(RegistryError(None, "clusters", "expected a list of cluster entries"))
         raw_entries = []
+    for unknown in sorted(set(document) - {"clusters", "defaults", "kubeconfig_dir"}):
+        errors.append(RegistryError(None, unknown, "unknown field"))
     if document.get("kubeconfig_dir"):
-        dir_entries, dir_errors = _entries_from_kubeconfig_dir(
-            base / str(document["kubeconfig_dir"]), defaults
-        )
+        dir_entries, dir_errors = _entries_from_directory(base / str(document["kubeconfig_dir"]), defaults)
         # An explicit entry for the same name refines the one found in the directory.
         explicit = {e.get("name") for e in raw_entries if isinstance(e, dict)}
         entries.extend(e for e in dir_entries if e["name"] not in explicit)
@@ -146,27 +215,86 @@ def parse_registry(document: Any, base: Path, source: str = "<memory>") -> Regis
         if not isinstance(raw, dict):
             errors.append(RegistryError(None, f"clusters[{index}]", "expected a mapping"))
             continue
-        entries.append({**{k: v for k, v in defaults.items() if k != "prometheus_url"}, **raw})
-        if "prometheus_url" not in raw and "prometheus_url" in defaults:
-            entries[-1]["prometheus_url"] = defaults["prometheus_url"]
+        entries.append(_with_defaults(defaults, raw))
     return _build(entries, errors, base, source)
 
 
-def _entries_from_kubeconfig_dir(
+def _entries_from_directory(
     directory: Path, defaults: dict[str, Any]
-) -> tuple[list[dict], list[RegistryError]]:
+) -> tuple[list[dict[str, Any]], list[RegistryError]]:
+    """One entry per file: the file's name (less a known suffix) is the cluster's."""
     if not directory.is_dir():
         return [], [RegistryError(None, "kubeconfig_dir", f"{str(directory)!r} is not a directory")]
-    entries = []
+    entries, errors = [], []
     for file in sorted(directory.iterdir()):
         # Mounted Secrets carry `..data` symlinks and dot-files beside the keys.
         if file.name.startswith(".") or not file.is_file():
             continue
-        suffix = next((s for s in _KUBECONFIG_SUFFIXES if s and file.name.endswith(s)), "")
+        suffix = next((s for s in _KUBECONFIG_SUFFIXES if file.name.endswith(s)), "")
         name = file.name.removesuffix(suffix) if suffix else file.name
-        entry = {**defaults, "name": name, "kubeconfig": str(file)}
-        entries.append(entry)
-    return entries, []
+        try:
+            original = _original_cluster_config(file)
+        except ValueError as exc:
+            errors.append(RegistryError(name, str(exc.args[0]), str(exc.args[1])))
+            continue
+        entry = original if original is not None else {"kubeconfig": str(file)}
+        entries.append(_with_defaults(defaults, {"name": name, **entry}))
+    return entries, errors
+
+
+# The original's ClusterConfig JSON (one per key of `multi-k8s-config`) -> our entry's fields. Its
+# byte fields are base64, as Go's encoding/json writes []byte.
+_ORIGINAL_FIELDS = {
+    "kubeconfig": "kubeconfig",
+    "host": "server",
+    "bearerToken": "token",
+    "caData": "ca_data",
+    "certData": "cert_data",
+    "keyData": "key_data",
+    "insecureSkipTLSVerify": "insecure_skip_tls_verify",
+    "tlsServerName": "tls_server_name",
+}
+_ORIGINAL_BYTES = frozenset({"caData", "certData", "keyData"})
+
+
+def _original_cluster_config(file: Path) -> dict[str, Any] | None:
+    """The entry of a file holding the original's `ClusterConfig` JSON, None for any other file (a
+    kubeconfig), or ValueError(field, message) for a ClusterConfig that cannot be used."""
+    text = file.read_text(errors="replace")
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # a kubeconfig in JSON-ish YAML flow style: the kubeconfig check says more
+    if not isinstance(document, dict) or "clusters" in document or "contexts" in document:
+        return None  # a kubeconfig written as JSON
+    entry: dict[str, Any] = {}
+    for key, value in document.items():
+        if key not in _ORIGINAL_FIELDS:
+            raise ValueError(key, f"unknown field of the original ClusterConfig in {file.name!r}")
+        if value in (None, "", False):
+            continue
+        if key in _ORIGINAL_BYTES:
+            value = _pem(key, value)
+        entry[_ORIGINAL_FIELDS[key]] = value
+    if entry.get("kubeconfig") and entry.get("server"):
+        entry.pop("kubeconfig")  # the original used host and credentials when given, the file else
+    return entry
+
+
+def _pem(field_name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(field_name, "expected base64 text")
+    if value.lstrip().startswith("-----BEGIN"):
+        return value
+    try:
+        decoded = base64.b64decode(value, validate=True).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError):
+        raise ValueError(field_name, "is neither base64 nor PEM") from None
+    if "-----BEGIN" not in decoded:
+        raise ValueError(field_name, "does not hold a PEM block")
+    return decoded
 
 
 def _build(entries: list[dict[str, Any]], errors: list[RegistryError], base: Path, source: str) -> Registry:
@@ -182,63 +310,65 @@ def _build(entries: list[dict[str, Any]], errors: list[RegistryError], base: Pat
     return Registry(clusters, errors, source)
 
 
+_PATH_FIELDS = ("kubeconfig", "token_file", "ca_file", "cert_file", "key_file")
+
+
 def _parse_entry(raw: dict[str, Any], base: Path) -> tuple[ClusterConfig | None, list[RegistryError]]:
     name = raw.get("name")
     label = name if isinstance(name, str) else None
-    problems: list[RegistryError] = []
-
-    def bad(field_name: str, message: str) -> None:
-        problems.append(RegistryError(label, field_name, message))
-
     if (why := validate_cluster_name(name)) is not None:
-        bad("name", why)
-        return None, problems
-    prometheus_url = raw.get("prometheus_url")
-    if isinstance(prometheus_url, str):
-        prometheus_url = prometheus_url.replace("{name}", name)
-    for unknown in sorted(set(raw) - _ENTRY_FIELDS):
-        bad(unknown, "unknown field")
-    vendor = raw.get("vendor", "auto")
-    if vendor not in VENDOR_CHOICES:
-        bad("vendor", f"{vendor!r} is not one of {', '.join(VENDOR_CHOICES)}")
-    if prometheus_url is not None and not (
-        isinstance(prometheus_url, str) and prometheus_url.startswith(("http://", "https://"))
-    ):
-        bad("prometheus_url", "must be an http:// or https:// URL")
-    ways = [w for w in ("kubeconfig", "in_cluster", "server") if raw.get(w)]
+        return None, [RegistryError(label, "name", why)]
+    assert isinstance(name, str)
+    raw = dict(raw)
+    if isinstance(raw.get("prometheus_url"), str):
+        raw["prometheus_url"] = raw["prometheus_url"].replace("{name}", name)
+    for path_field in _PATH_FIELDS:
+        if raw.get(path_field) and isinstance(raw[path_field], str | Path):
+            raw[path_field] = str((base / str(raw[path_field])).resolve())
+    try:
+        cluster = ClusterConfig.model_validate(raw)
+    except ValidationError as exc:
+        return None, [
+            RegistryError(label, ".".join(map(str, e["loc"])) or "entry", _message(e)) for e in exc.errors()
+        ]
+    problems = [RegistryError(label, f, m) for f, m in _connection_problems(cluster)]
+    return (None, problems) if problems else (cluster, [])
+
+
+def _message(error: Any) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown field"
+    # The input is never echoed: it may be a token.
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+def _connection_problems(cluster: ClusterConfig) -> list[tuple[str, str]]:
+    """(field, message) of everything that keeps the entry from reaching its API server."""
+    problems = []
+    ways = [w for w in ("kubeconfig", "in_cluster", "server") if getattr(cluster, w)]
     if len(ways) != 1:
-        bad("kubeconfig", "give exactly one of kubeconfig (+ context), in_cluster: true, or server (+ token)")
-    kubeconfig = context = None
-    if raw.get("kubeconfig"):
-        kubeconfig = str((base / str(raw["kubeconfig"])).resolve())
-        context = raw.get("context")
-        why = _check_kubeconfig(kubeconfig, context)
+        problems.append(
+            (
+                "kubeconfig",
+                "give exactly one of kubeconfig (+ context), in_cluster: true, or server (+ token)",
+            )
+        )
+    if cluster.kubeconfig:
+        why = _check_kubeconfig(cluster.kubeconfig, cluster.context)
         if why is not None:
-            bad("context" if why.startswith("context") else "kubeconfig", why)
-    for path_field in ("token_file", "ca_file"):
-        if raw.get(path_field) and not (base / str(raw[path_field])).is_file():
-            bad(path_field, f"{raw[path_field]!r} does not exist")
-    if raw.get("server") and not (raw.get("token") or raw.get("token_file")):
-        bad("token", "a server entry needs token or token_file")
-    timeout = raw.get("request_timeout_seconds", 30.0)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        bad("request_timeout_seconds", "must be a positive number")
-    if problems:
-        return None, problems
-    return ClusterConfig(
-        name=name,
-        vendor=vendor,
-        prometheus_url=prometheus_url.rstrip("/") if prometheus_url else None,
-        kubeconfig=kubeconfig,
-        context=context,
-        in_cluster=bool(raw.get("in_cluster")),
-        server=raw.get("server"),
-        token=raw.get("token"),
-        token_file=str(base / raw["token_file"]) if raw.get("token_file") else None,
-        ca_file=str(base / raw["ca_file"]) if raw.get("ca_file") else None,
-        insecure_skip_tls_verify=bool(raw.get("insecure_skip_tls_verify")),
-        request_timeout_seconds=float(timeout),
-    ), []
+            problems.append(("context" if why.startswith("context") else "kubeconfig", why))
+    for path_field in _PATH_FIELDS[1:]:
+        path = getattr(cluster, path_field)
+        if path and not Path(path).is_file():
+            problems.append((path_field, f"{path!r} does not exist"))
+    has_certificate = bool(
+        (cluster.cert_data or cluster.cert_file) and (cluster.key_data or cluster.key_file)
+    )
+    if cluster.server and not (cluster.token or cluster.token_file or has_certificate):
+        problems.append(("token", "a server entry needs token, token_file or a client certificate and key"))
+    if bool(cluster.cert_data or cluster.cert_file) != bool(cluster.key_data or cluster.key_file):
+        problems.append(("cert_data", "a client certificate needs its key, and a key its certificate"))
+    return problems
 
 
 def _check_kubeconfig(path: str, context: str | None) -> str | None:

@@ -1,11 +1,26 @@
 """GPU vendor profiles: the one table that says how each vendor shows up in Kubernetes and Prometheus.
 
 Adding a vendor is adding a row. Collectors never spell a resource, label or metric name themselves.
+
+A profile here is the exporter as shipped. Real clusters differ (a metric prefix, `exported_*`
+labels under `honor_labels: false`, the node named only by `instance`, labels renamed between
+exporter releases): `learn` turns a profile into the one a cluster's Prometheus really speaks, from
+the metric and label names it holds and the registry's overrides.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+# Labels that a scrape config commonly adds to name the node a target runs on: Prometheus'
+# Kubernetes discovery relabelled (`node`, `kubernetes_node`, `nodename`) or the original's vmagent
+# (`primus_lens_node_name`). `instance` (`<node IP>:<port>`) is the last resort, matched against the
+# Node objects' addresses.
+NODE_LABELS = ("node", "kubernetes_node", "nodename", "primus_lens_node_name")
+INSTANCE = "instance"
+# Under `honor_labels: false` Prometheus renames a scraped label that clashes with a target label.
+EXPORTED_PREFIX = "exported_"
 
 
 @dataclass(frozen=True)
@@ -24,8 +39,21 @@ class VendorProfile:
     # Exporter labels naming the pod (and its namespace) a GPU is allocated to.
     pod_label: str = "pod"
     namespace_label: str = "namespace"
-    # Per-GPU figures of `gpu_device`: figure -> metric. Memory in MB; NVIDIA reports used and free.
+    # Per-GPU figures of `gpu_device`: figure -> metric. Memory in MB; NVIDIA reports used and free
+    # (and, since dcgm-exporter 3.3, reserved).
     device_metrics: dict[str, str] = field(default_factory=dict)
+    # Older spellings of the driver version: node labels whose values joined with "." make it
+    # (GPU feature discovery before v0.9 labelled `cuda.driver.major/minor/rev` only).
+    driver_version_parts: tuple[str, ...] = ()
+    # Other spellings of labels in exporter releases and options: dcgm-exporter renamed `Hostname`
+    # to `hostname` (#655), and `--use-old-namespace` writes `uuid`, `pod_name`, `pod_namespace`.
+    node_label_aliases: tuple[str, ...] = ()
+    serial_label_aliases: tuple[str, ...] = ()
+    pod_label_aliases: tuple[tuple[str, str], ...] = ()  # (pod, namespace) pairs
+    # Figures some models report under another metric (AMD MI2xx: edge temperature, average power).
+    figure_fallbacks: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # The metric prefix this cluster's exporter was configured with ('' as shipped).
+    metric_prefix: str = ""
 
     def node_utilization_query(self) -> str:
         """One grouped query for every node's mean GPU utilization (never one query per node)."""
@@ -36,6 +64,10 @@ class VendorProfile:
         labels = ", ".join((self.node_label, self.gpu_index_label, self.serial_label, self.model_label))
         return f"max by ({labels}) ({self.util_metric})"
 
+    def duplicate_query(self) -> str:
+        """GPUs that more than one series reports (an exporter scraped twice, two exporters)."""
+        return f"count by ({self.node_label}, {self.gpu_index_label}) ({self.util_metric}) > 1"
+
     def figure_query(self, figure: str) -> str:
         return f"max by ({self.node_label}, {self.gpu_index_label}) ({self.device_metrics[figure]})"
 
@@ -44,7 +76,7 @@ class VendorProfile:
         clusters with GPUs of both vendors add up."""
         return f"sum({self.util_metric})", f"count({self.util_metric})"
 
-    def pod_key(self, labels: dict[str, str]) -> tuple[str, str]:
+    def pod_key(self, labels: Mapping[str, str]) -> tuple[str, str]:
         """(namespace, pod) of a per-pod series of `pod_utilization_queries`."""
         return labels.get(self.namespace_label, ""), labels.get(self.pod_label, "")
 
@@ -54,6 +86,20 @@ class VendorProfile:
         held = f'{self.util_metric}{{{self.pod_label}!=""}}'
         by = f"by ({self.namespace_label}, {self.pod_label})"
         return f"sum {by} ({held})", f"count {by} ({held})", f"count {by} ({held} < {idle_below:g})"
+
+    def driver_version(self, labels: Mapping[str, str]) -> str:
+        """The driver version a node's labels give, in today's spelling or the older one."""
+        for key in self.driver_version_labels:
+            if labels.get(key):
+                return str(labels[key])
+        parts = [labels.get(key) for key in self.driver_version_parts]
+        if parts and all(parts):
+            return ".".join(str(p) for p in parts)
+        return ""
+
+    def metrics(self) -> tuple[str, ...]:
+        """Every metric the profile reads, utilization first."""
+        return (self.util_metric, *self.device_metrics.values())
 
 
 AMD = VendorProfile(
@@ -72,6 +118,10 @@ AMD = VendorProfile(
         "power": "gpu_package_power",
         "vram_total": "gpu_total_vram",
     },
+    figure_fallbacks={
+        "temperature": ("gpu_edge_temperature",),
+        "power": ("gpu_average_package_power", "gpu_power_usage"),
+    },
 )
 
 NVIDIA = VendorProfile(
@@ -79,21 +129,33 @@ NVIDIA = VendorProfile(
     resource="nvidia.com/gpu",
     product_label="nvidia.com/gpu.product",
     driver_version_labels=("nvidia.com/cuda.driver-version.full",),
+    driver_version_parts=(
+        "nvidia.com/cuda.driver.major",
+        "nvidia.com/cuda.driver.minor",
+        "nvidia.com/cuda.driver.rev",
+    ),
     exporter="dcgm-exporter",
     util_metric="DCGM_FI_DEV_GPU_UTIL",
     node_label="Hostname",
+    node_label_aliases=("hostname",),
     gpu_index_label="gpu",
     serial_label="UUID",
+    serial_label_aliases=("uuid",),
+    pod_label_aliases=(("pod_name", "pod_namespace"),),
     model_label="modelName",
     device_metrics={
         "temperature": "DCGM_FI_DEV_GPU_TEMP",
         "power": "DCGM_FI_DEV_POWER_USAGE",
         "vram_used": "DCGM_FI_DEV_FB_USED",
         "vram_free": "DCGM_FI_DEV_FB_FREE",
+        "vram_reserved": "DCGM_FI_DEV_FB_RESERVED",
     },
 )
 
 PROFILES: dict[str, VendorProfile] = {p.name: p for p in (AMD, NVIDIA)}
+# Figures an exporter release may lack without anything being wrong: dcgm-exporter exports the
+# reserved framebuffer since 4.3.1-4.4.0 (before, memory is used + free, short of the reserve).
+OPTIONAL_FIGURES = frozenset({"vram_reserved"})
 VENDOR_CHOICES = (*PROFILES, "auto")
 
 
@@ -137,3 +199,161 @@ class NicProfile:
 
 
 INFINIBAND = NicProfile()
+
+
+# -- learning a cluster's dialect --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExporterOverrides:
+    """What the registry says of a cluster's exporters, for what cannot be guessed. Empty fields
+    leave the choice to what is learned from Prometheus."""
+
+    metric_prefix: str | None = None
+    metric_names: Mapping[str, str] = field(default_factory=dict)  # shipped name -> the cluster's name
+    node_label: str | None = None
+    pod_label: str | None = None
+    namespace_label: str | None = None
+    nic_node_label: str | None = None
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What a cluster's Prometheus really has: the profiles to query it with, and what was found,
+    for run metadata and `lens doctor`."""
+
+    profiles: tuple[VendorProfile, ...]  # vendors with exporter series (all asked for when none has)
+    nic: NicProfile
+    found: dict[str, str]  # vendor or "infiniband" -> how its series look, in words
+    missing: tuple[str, ...]  # what the cluster's Prometheus lacks, in words
+
+    def describe(self) -> dict[str, str]:
+        return {**self.found, **({"missing": "; ".join(self.missing)} if self.missing else {})}
+
+
+def _prefix_of(metric: str, names: Iterable[str]) -> str | None:
+    """The prefix under which `metric` is in `names` ('' when as shipped), the shortest if several."""
+    found = sorted((n[: -len(metric)] for n in names if n.endswith(metric)), key=lambda p: (len(p), p))
+    return found[0] if found else None
+
+
+def _prefix(profile: VendorProfile, names: set[str], overrides: ExporterOverrides) -> str:
+    if overrides.metric_prefix is not None:
+        return overrides.metric_prefix
+    if profile.util_metric in overrides.metric_names:
+        return ""
+    return _prefix_of(profile.util_metric, names) or ""
+
+
+def _metric_name(metric: str, prefix: str, overrides: ExporterOverrides) -> str:
+    return overrides.metric_names.get(metric) or f"{prefix}{metric}"
+
+
+def _first_present(candidates: Iterable[str | None], labels: Iterable[str]) -> str | None:
+    labels = set(labels)
+    return next((c for c in candidates if c and c in labels), None)
+
+
+def util_metric_name(
+    profile: VendorProfile, metric_names: Iterable[str], overrides: ExporterOverrides
+) -> str:
+    """The name of the vendor's utilization metric in this cluster's Prometheus (its shipped name
+    when no prefixed or renamed one is found)."""
+    names = set(metric_names)
+    return _metric_name(profile.util_metric, _prefix(profile, names, overrides), overrides)
+
+
+def learn_profile(
+    profile: VendorProfile,
+    metric_names: Iterable[str],
+    label_names: Iterable[str],
+    overrides: ExporterOverrides = ExporterOverrides(),
+) -> VendorProfile:
+    """`profile` as the cluster's Prometheus speaks it: the metric names it has (an override, or the
+    shipped name under the prefix found for the utilization metric), the label naming the node and
+    the labels naming the pod holding a GPU. With metric names known, figures whose metric is
+    absent are dropped; with none (Prometheus not asked), the shipped names are kept."""
+    names, labels = set(metric_names), set(label_names)
+    prefix = _prefix(profile, names, overrides)
+    figures = {}
+    for figure, metric in profile.device_metrics.items():
+        candidates = [
+            _metric_name(m, prefix, overrides) for m in (metric, *profile.figure_fallbacks.get(figure, ()))
+        ]
+        chosen = next((m for m in candidates if m in names), None) if names else candidates[0]
+        if chosen is not None:
+            figures[figure] = chosen
+    node_label = overrides.node_label or _first_present(
+        (profile.node_label, *profile.node_label_aliases, *NODE_LABELS, INSTANCE), labels
+    )
+    serial_label = _first_present((profile.serial_label, *profile.serial_label_aliases), labels)
+    # The pod holding a GPU: renamed `exported_*` when the scrape config's own `pod` label won
+    # (honor_labels: false); the first spelling present, else the shipped one.
+    pairs = [(profile.pod_label, profile.namespace_label), *profile.pod_label_aliases]
+    pod_pairs = [(f"{EXPORTED_PREFIX}{p}", f"{EXPORTED_PREFIX}{n}") for p, n in pairs] + pairs
+    pod_label, namespace_label = next((pair for pair in pod_pairs if pair[0] in labels), pairs[0])
+    return replace(
+        profile,
+        util_metric=_metric_name(profile.util_metric, prefix, overrides),
+        device_metrics=figures,
+        node_label=node_label or profile.node_label,
+        serial_label=serial_label or profile.serial_label,
+        pod_label=overrides.pod_label or pod_label,
+        namespace_label=overrides.namespace_label or namespace_label,
+        metric_prefix=prefix,
+    )
+
+
+def _nic(label_names: Iterable[str], overrides: ExporterOverrides) -> NicProfile:
+    """node_exporter's InfiniBand series name no node: the label the scrape config added, else `instance`."""
+    node_label = overrides.nic_node_label or _first_present((*NODE_LABELS, INSTANCE), label_names)
+    return replace(INFINIBAND, node_label=node_label or INFINIBAND.node_label)
+
+
+def describe_profile(profile: VendorProfile) -> str:
+    """How a learned profile reads a cluster's series, in one line."""
+    prefix = f" (prefix {profile.metric_prefix!r})" if profile.metric_prefix else ""
+    return (
+        f"{profile.exporter}: {profile.util_metric}{prefix}; node by {profile.node_label!r}; "
+        f"pod by {profile.namespace_label!r}/{profile.pod_label!r}; "
+        f"figures: {', '.join(sorted(profile.device_metrics)) or 'none'}"
+    )
+
+
+def learn_dialect(
+    vendor: str,
+    metric_names: Iterable[str],
+    labels_of: Callable[[str], Iterable[str]],
+    overrides: ExporterOverrides = ExporterOverrides(),
+) -> Dialect:
+    """The dialect of a cluster's Prometheus from its metric names and, for each exporter found, the
+    label names of its series (`labels_of(metric)`, one cheap request each)."""
+    names = set(metric_names)
+    wanted = profiles_for(vendor)
+    present = [(p, util_metric_name(p, names, overrides)) for p in wanted]
+    learned = tuple(
+        learn_profile(p, names, labels_of(util), overrides) for p, util in present if util in names
+    )
+    found = {p.name: describe_profile(p) for p in learned}
+    missing = []
+    if not learned:
+        expected = " or ".join(p.util_metric for p in wanted)
+        missing.append(f"no GPU exporter series ({expected}, under any prefix)")
+    for p in learned:
+        absent = sorted(set(PROFILES[p.name].device_metrics) - set(p.device_metrics) - OPTIONAL_FIGURES)
+        if absent:
+            missing.append(f"{p.exporter}: no series for {', '.join(absent)}")
+    if INFINIBAND.info_metric in names:
+        nic = _nic(labels_of(INFINIBAND.info_metric), overrides)
+        found["infiniband"] = f"{nic.info_metric}: node by {nic.node_label!r}"
+    else:
+        nic = _nic((), overrides)
+        found["infiniband"] = f"no {nic.info_metric} series (no InfiniBand NIC, or the collector is off)"
+    profiles = learned or tuple(learn_profile(p, (), (), overrides) for p in wanted)
+    return Dialect(profiles=profiles, nic=nic, found=found, missing=tuple(missing))
+
+
+def shipped_dialect(vendor: str, overrides: ExporterOverrides = ExporterOverrides()) -> Dialect:
+    """The dialect when Prometheus could not be asked: the shipped names, with the registry's overrides."""
+    profiles = tuple(learn_profile(p, (), (), overrides) for p in profiles_for(vendor))
+    return Dialect(profiles=profiles, nic=_nic((), overrides), found={}, missing=())

@@ -89,5 +89,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # On CI nothing may quietly skip: a missing service or tool is a failure there.
     if ON_CI and _skipped_on_ci and exitstatus == 0:
-        print(f"\nCI: {len(_skipped_on_ci)} tests were skipped, which CI does not allow: {_skipped_on_ci[:10]}")
+        print(
+            f"\nCI: {len(_skipped_on_ci)} tests were skipped, which CI does not allow: {_skipped_on_ci[:10]}"
+        )
         session.exitstatus = 1

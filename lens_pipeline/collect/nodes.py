@@ -42,6 +42,12 @@ def node_profile(node: dict, profiles: Iterable[VendorProfile]) -> VendorProfile
     return None
 
 
+def has_gpus(node: dict, profiles: Iterable[VendorProfile]) -> bool:
+    """Whether the node advertises GPUs of one of the vendors (a capacity above zero)."""
+    capacity = mapping(node, "status", "capacity")
+    return any(str(capacity.get(p.resource, "0")) not in ("", "0") for p in profiles)
+
+
 def ready_status(node: dict) -> str:
     """'Ready', 'NotReady' or 'Unknown' from the NodeReady condition."""
     conditions = mapping(node, "status").get("conditions") or []
@@ -92,7 +98,7 @@ def node_row(
     labels = mapping(metadata, "labels")
     annotations = mapping(metadata, "annotations")
     gpu_name = labels.get(profile.product_label) or "Unknown"
-    driver_version = next((labels[k] for k in profile.driver_version_labels if labels.get(k)), "")
+    driver_version = profile.driver_version(labels)
     state = ready_status(node)
     memory = capacity.get("memory", "")
     return {
@@ -156,11 +162,68 @@ def gpu_node_rows(
     return rows, problems, unreadable
 
 
+class NodeIndex:
+    """What a Prometheus series may call a node, mapped to the Node's name: the name itself, one of
+    its addresses (InternalIP, Hostname...), its `kubernetes.io/hostname` label, or `instance`'s
+    `<address>:<port>`. Exporters name nodes by hostname; node_exporter names none, and a scrape
+    without relabelling leaves only `instance`."""
+
+    def __init__(self, nodes: Iterable[Any]) -> None:
+        self._names: dict[str, str] = {}
+        aliases: list[tuple[str, str]] = []
+        for node in nodes:
+            if not isinstance(node, dict):
+                continue
+            metadata, status = node.get("metadata"), node.get("status")
+            name = metadata.get("name") if isinstance(metadata, dict) else None
+            if not isinstance(name, str) or not name:
+                continue
+            self._names[name] = name
+            labels = metadata.get("labels")
+            if isinstance(labels, dict) and isinstance(labels.get("kubernetes.io/hostname"), str):
+                aliases.append((labels["kubernetes.io/hostname"], name))
+            addresses = status.get("addresses") if isinstance(status, dict) else None
+            for address in addresses if isinstance(addresses, list) else ():
+                if isinstance(address, dict) and isinstance(address.get("address"), str):
+                    aliases.append((address["address"], name))
+        for alias, name in aliases:  # a node's own name wins over another node's address
+            self._names.setdefault(alias, name)
+
+    def __len__(self) -> int:
+        return len(set(self._names.values()))
+
+    def resolve(self, value: str | None) -> str | None:
+        """The node a label value names, or None."""
+        if not value:
+            return None
+        found = self._names.get(value)
+        if found is None:
+            found = self._names.get(_host_of(value))
+        return found
+
+
+def _host_of(instance: str) -> str:
+    """`10.0.0.5:9100` -> `10.0.0.5`, `[fd00::5]:9100` -> `fd00::5`, `node-1` -> `node-1`."""
+    if instance.startswith("["):
+        return instance[1 : instance.find("]")] if "]" in instance else instance
+    host, colon, port = instance.rpartition(":")
+    return host if colon and port.isdigit() and ":" not in host else instance
+
+
 def utilization_by_node(
-    samples: Iterable[tuple[Mapping[str, str], float]], node_label: str
-) -> dict[str, float]:
-    """Per-node mean utilization from the samples of a `avg by (<node_label>)` query."""
-    return {labels[node_label]: value for labels, value in samples if labels.get(node_label)}
+    samples: Iterable[tuple[Mapping[str, str], float]], node_label: str, nodes: NodeIndex
+) -> tuple[dict[str, float], list[str]]:
+    """Per-node mean utilization from the samples of a `avg by (<node_label>)` query, and the label
+    values that name no node of the cluster."""
+    utilization: dict[str, float] = {}
+    unmatched: list[str] = []
+    for labels, value in samples:
+        name = nodes.resolve(labels.get(node_label))
+        if name is None:
+            unmatched.append(labels.get(node_label) or "(no label)")
+        else:
+            utilization[name] = value
+    return utilization, unmatched
 
 
 def gpu_models_by_node(nodes: Iterable[dict], profiles: Iterable[VendorProfile]) -> dict[str, str]:

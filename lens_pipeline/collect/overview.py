@@ -62,42 +62,79 @@ def node_figures(nodes: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return {**counts, "allocation_rate": 100.0 * allocated / capacity if capacity else 0.0}
 
 
-def weighted_utilization(nodes: Iterable[Mapping[str, Any]]) -> float:
+def weighted_utilization(nodes: Iterable[Mapping[str, Any]]) -> float | None:
     """The mean GPU utilization of the stored nodes, weighted by their GPUs: the live path's stand-in
-    for `avg(<utilization metric>)` when Prometheus is not asked."""
+    for `avg(<utilization metric>)` when Prometheus is not asked. None when no node's is known."""
     total = weight = 0.0
     for node in nodes:
         if node.get("gpu_utilization") is None or not node.get("gpu_count"):
             continue
         total += float(node["gpu_utilization"]) * node["gpu_count"]
         weight += node["gpu_count"]
-    return total / weight if weight else 0.0
+    return total / weight if weight else None
+
+
+# JuiceFS reports made-up figures for a volume without a quota (pkg/meta/base.go, statRootFs): a
+# total space of 1 PiB, doubled until the used space is at most 80 % of it, and free inodes of
+# 10 Mi, doubled until the used inodes are at most 80 % of the total. Such a total is no capacity.
+JUICEFS_UNLIMITED_SPACE = float(1 << 50)
+JUICEFS_UNLIMITED_FREE_INODES = float(10 << 20)
+
+
+def juicefs_space_capacity(total: float, used: float) -> float | None:
+    """The volume's capacity in bytes, or None when `total` is the figure of a volume without quota."""
+    made_up = JUICEFS_UNLIMITED_SPACE
+    while made_up * 8 < used * 10:
+        made_up *= 2
+    return None if total == made_up else total
+
+
+def juicefs_inode_capacity(total: float, used: float) -> float | None:
+    """The volume's inode capacity, or None when `total` is the figure of a volume without quota."""
+    free = JUICEFS_UNLIMITED_FREE_INODES
+    while used > free * 4:
+        free *= 2
+    return None if total == used + free else total
 
 
 @dataclass(frozen=True)
 class StorageVolume:
     """One JuiceFS volume's figures from Prometheus: bytes, inodes, bytes per second."""
 
-    total_space: float = 0.0
+    # None: unknown (a volume without quota has no capacity to measure usage against).
+    total_space: float | None = 0.0
     used_space: float = 0.0
-    total_inodes: float = 0.0
+    total_inodes: float | None = 0.0
     used_inodes: float = 0.0
     read_bandwidth: float = 0.0
     write_bandwidth: float = 0.0
 
 
-def storage_figures(volumes: Iterable[StorageVolume]) -> dict[str, float]:
-    """Every volume added up (the original took the newest `storage` row only)."""
+def _total(values: Iterable[float | None]) -> float | None:
+    values = list(values)
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def _percentage(used: float, total: float | None) -> float | None:
+    if total is None:
+        return None
+    return 100.0 * used / total if total else 0.0
+
+
+def storage_figures(volumes: Iterable[StorageVolume]) -> dict[str, float | None]:
+    """Every volume added up (the original took the newest `storage` row only). A capacity that one
+    volume lacks makes the total and its percentage unknown: a sum over some volumes is not the
+    cluster's."""
     volumes = list(volumes)
-    space, used = sum(v.total_space for v in volumes), sum(v.used_space for v in volumes)
-    inodes, used_inodes = sum(v.total_inodes for v in volumes), sum(v.used_inodes for v in volumes)
+    space, used = _total(v.total_space for v in volumes), sum(v.used_space for v in volumes)
+    inodes, used_inodes = _total(v.total_inodes for v in volumes), sum(v.used_inodes for v in volumes)
     return {
         "storage_total_space": space,
         "storage_used_space": used,
-        "storage_usage_percentage": 100.0 * used / space if space else 0.0,
+        "storage_usage_percentage": _percentage(used, space),
         "storage_total_inodes": inodes,
         "storage_used_inodes": used_inodes,
-        "storage_inodes_usage_percentage": 100.0 * used_inodes / inodes if inodes else 0.0,
+        "storage_inodes_usage_percentage": _percentage(used_inodes, inodes),
         "storage_read_bandwidth": sum(v.read_bandwidth for v in volumes),
         "storage_write_bandwidth": sum(v.write_bandwidth for v in volumes),
     }
@@ -106,10 +143,10 @@ def storage_figures(volumes: Iterable[StorageVolume]) -> dict[str, float]:
 def overview_row(
     nodes: Iterable[Mapping[str, Any]],
     *,
-    utilization: float,
-    storage: Mapping[str, float] | None = None,
+    utilization: float | None,
+    storage: Mapping[str, float | None] | None = None,
     rdma: tuple[float, float] = (0.0, 0.0),
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """One `cluster_overview_cache` row's figures (no cluster name, no times)."""
     rx, tx = rdma
     return {

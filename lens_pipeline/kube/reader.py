@@ -10,8 +10,11 @@ that expired (410 Gone) restarts the whole list, so one LIST is always one consi
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
+import os
 import queue
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -86,9 +89,13 @@ def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
             if token is None and cluster.token_file:
                 with open(cluster.token_file) as handle:
                     token = handle.read().strip()
-            configuration.api_key = {"authorization": f"Bearer {token}"}
+            if token:
+                configuration.api_key = {"authorization": f"Bearer {token}"}
             configuration.verify_ssl = not cluster.insecure_skip_tls_verify
-            configuration.ssl_ca_cert = cluster.ca_file
+            configuration.ssl_ca_cert = cluster.ca_file or _pem_file(cluster.ca_data)
+            configuration.cert_file = cluster.cert_file or _pem_file(cluster.cert_data)
+            configuration.key_file = cluster.key_file or _pem_file(cluster.key_data)
+            configuration.tls_server_name = cluster.tls_server_name
         return k8s_client.ApiClient(configuration)
     except (ConfigException, OSError, ValueError, TypeError) as exc:
         # The message of a config error may quote the kubeconfig; keep only its type and first line.
@@ -96,6 +103,25 @@ def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
         raise KubeError(
             cluster.name, "(client configuration)", f"{type(exc).__name__}: {first_line}"
         ) from None
+
+
+_PEM_FILES: dict[str, str] = {}
+_PEM_LOCK = threading.Lock()
+
+
+def _pem_file(data: str | None) -> str | None:
+    """A private file holding inline PEM (the client and ssl read certificates from files only),
+    written once per content for the life of the process, as the kubeconfig loader does."""
+    if not data:
+        return None
+    digest = hashlib.sha256(data.encode()).hexdigest()
+    with _PEM_LOCK:
+        if digest not in _PEM_FILES or not os.path.exists(_PEM_FILES[digest]):
+            fd, path = tempfile.mkstemp(prefix="lens-pem-", suffix=".pem")
+            with os.fdopen(fd, "w") as handle:  # mkstemp's file is 0600
+                handle.write(data)
+            _PEM_FILES[digest] = path
+        return _PEM_FILES[digest]
 
 
 class KubeReader:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -12,6 +13,10 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
+
+# How far back the metric and label names are looked up: recent enough that what was renamed or
+# removed is not seen, long enough for a few scrapes of a slow scrape interval.
+LOOKBACK_SECONDS = 600.0
 
 
 class PromError(RuntimeError):
@@ -46,6 +51,8 @@ class PromReader:
     timeout_seconds: float = 30.0
     retries: int = 2
     queries: int = 0
+    # NaN or infinite samples dropped, by query (a check names them: a GPU is not idle for lack of a number).
+    nonfinite: dict[str, int] = field(default_factory=dict)
     _client: PrometheusConnect | None = field(default=None, repr=False)
     _session: requests.Session | None = field(default=None, repr=False)
     _early: dict[str, Future[list[Sample]]] = field(default_factory=dict, repr=False)
@@ -111,13 +118,18 @@ class PromReader:
             self._session.close()
             self._client = self._session = None
 
-    def vector(self, query: str) -> list[Sample]:
-        """The samples of an instant query; NaN and infinite values are dropped."""
+    def vector(self, query: str, *, keep_nonfinite: bool = False) -> list[Sample]:
+        """The samples of an instant query. NaN and infinite values are dropped and counted in
+        `nonfinite` (by query), unless `keep_nonfinite` asks for them."""
         self.queries += 1
         early = self._early.pop(query, None)
-        if early is not None and not early.cancelled():
-            return early.result()
-        return self._vector(query)
+        samples = early.result() if early is not None and not early.cancelled() else self._vector(query)
+        if keep_nonfinite:
+            return samples
+        finite = [s for s in samples if math.isfinite(s.value)]
+        if len(finite) != len(samples):
+            self.nonfinite[query] = self.nonfinite.get(query, 0) + len(samples) - len(finite)
+        return finite
 
     def _vector(self, query: str) -> list[Sample]:
         result = self._ask(query, lambda client: client.custom_query(query))
@@ -128,9 +140,35 @@ class PromReader:
                 labels = dict(series.get("metric") or {})
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 raise PromError(self.cluster, query, f"malformed sample {series!r:.200}: {exc}") from None
-            if math.isfinite(value):
-                samples.append(Sample(labels, value))
+            samples.append(Sample(labels, value))
         return samples
+
+    def metric_names(self, lookback_seconds: float = LOOKBACK_SECONDS) -> set[str]:
+        """Every metric name with samples in the last `lookback_seconds`: one request, whatever the
+        number of series (a metric renamed a month ago is not seen)."""
+        self.queries += 1
+        query = "label __name__ values"
+        names = self._ask(
+            query, lambda c: c.get_label_values("__name__", params=self._recent(lookback_seconds))
+        )
+        if not isinstance(names, list):
+            raise PromError(self.cluster, query, f"malformed response: {names!r:.200}")
+        return {str(n) for n in names}
+
+    def label_names(self, selector: str, lookback_seconds: float = LOOKBACK_SECONDS) -> set[str]:
+        """The label names of the series `selector` matches, over the last `lookback_seconds`."""
+        self.queries += 1
+        query = f"labels of {selector}"
+        params = {**self._recent(lookback_seconds), "match[]": selector}
+        names = self._ask(query, lambda c: c.get_label_names(params=params))
+        if not isinstance(names, list):
+            raise PromError(self.cluster, query, f"malformed response: {names!r:.200}")
+        return {str(n) for n in names}
+
+    @staticmethod
+    def _recent(lookback_seconds: float) -> dict[str, str]:
+        now = time.time()
+        return {"start": f"{now - lookback_seconds:.3f}", "end": f"{now:.3f}"}
 
     def matrix(self, query: str, start: datetime, end: datetime, step_seconds: float) -> list[Series]:
         """The series of a range query, each with its (unix time, value) points; NaN and infinite
@@ -149,7 +187,10 @@ class PromReader:
                 points = [(float(t), float(v)) for t, v in series["values"]]
             except (KeyError, TypeError, ValueError) as exc:
                 raise PromError(self.cluster, query, f"malformed series {series!r:.200}: {exc}") from None
-            out.append(Series(labels, [(t, v) for t, v in points if math.isfinite(v)]))
+            finite = [(t, v) for t, v in points if math.isfinite(v)]
+            if len(finite) != len(points):
+                self.nonfinite[query] = self.nonfinite.get(query, 0) + len(points) - len(finite)
+            out.append(Series(labels, finite))
         return out
 
 

@@ -10,10 +10,11 @@ scraping the same targets see the same series.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lens_pipeline.sim.dialects import juicefs_made_up_inodes, juicefs_made_up_space
 from lens_pipeline.sim.generate import JUICEFS_VOLUMES
 from lens_pipeline.sim.vendors import AMD, SimVendor
 
@@ -78,6 +79,9 @@ NVIDIA_FAMILIES = {
     "DCGM_FI_DEV_POWER_USAGE": Family("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
     "DCGM_FI_DEV_FB_USED": Family("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
     "DCGM_FI_DEV_FB_FREE": Family("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    "DCGM_FI_DEV_FB_RESERVED": Family(
+        "DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB)."
+    ),
 }
 NIC_FAMILIES = {
     "node_infiniband_info": Family(
@@ -179,12 +183,49 @@ def _build(cluster: SimCluster) -> dict[Target, list[Sample]]:
             continue  # the node's exporters run on it: down with it
         address = cluster.node_address(node)
         gpu_target = Target(vendor.exporter_job, node, f"{address}:{vendor.exporter_port}")
-        memory = cluster.gpu_product(node).memory_mib
-        targets[gpu_target] = _gpu_samples(vendor, memory, gpus_by_node.get(node, []))
+        product = cluster.gpu_product(node)
+        targets[gpu_target] = _gpu_samples(
+            vendor, product.memory_mib, product.reserved_mib, gpus_by_node.get(node, [])
+        )
         nic_target = Target(NODE_EXPORTER_JOB, node, f"{address}:{NODE_EXPORTER_PORT}")
         targets[nic_target] = _nic_samples(nics.get(node, []))
     targets[Target(JUICEFS_JOB, "", f"juicefs-csi-node:{JUICEFS_PORT}")] = _juicefs_samples(cluster)
     return targets
+
+
+def _gpu_metric_names(vendor: SimVendor) -> frozenset[str]:
+    return frozenset({vendor.util_metric, *(AMD_FAMILIES if vendor is AMD else NVIDIA_FAMILIES)})
+
+
+def exposed(cluster: SimCluster, target: Target, samples: list[Sample]) -> list[Sample]:
+    """A target's samples as its exporter writes them in the cluster's dialect: AMD's metric prefix
+    and its mandatory workload labels (empty on a GPU nobody holds), dcgm-exporter's `hostname`."""
+    vendor, dialect = cluster.profile, cluster.dialect
+    if target.job != vendor.exporter_job:
+        return samples
+    prefix = dialect.metric_prefix if vendor is AMD else ""
+    rename_host = dialect.lowercase_hostname and vendor is not AMD
+    empty = dict.fromkeys(vendor.workload_labels, "") if vendor is AMD else {}
+    if not (prefix or rename_host or empty):
+        return samples
+    out = []
+    for metric, labels, value in samples:
+        if rename_host and vendor.node_label in labels:
+            labels = {("hostname" if k == vendor.node_label else k): v for k, v in labels.items()}
+        out.append(
+            (f"{prefix}{metric}", {**labels, **{k: v for k, v in empty.items() if k not in labels}}, value)
+        )
+    return out
+
+
+def target_labels(cluster: SimCluster, target: Target) -> dict[str, str]:
+    """The labels a scrape config gives the target besides `job` and `instance`: the node it runs on
+    (unless the dialect's scrape config leaves it out), and under `honor_labels: false` the GPU
+    exporter pod's own pod, namespace and container, as a ServiceMonitor does."""
+    labels = {"node": target.node} if target.node and cluster.dialect.node_label_on_targets else {}
+    if cluster.dialect.relabelled and target.job == cluster.profile.exporter_job:
+        labels.update(cluster.exporter_pod(target.node))
+    return labels
 
 
 def _index_label(vendor: SimVendor) -> str:
@@ -192,7 +233,7 @@ def _index_label(vendor: SimVendor) -> str:
 
 
 def _gpu_samples(
-    vendor: SimVendor, memory_mib: int, gpus: list[tuple[dict[str, str], float]]
+    vendor: SimVendor, memory_mib: int, reserved_mib: int, gpus: list[tuple[dict[str, str], float]]
 ) -> list[Sample]:
     samples: list[Sample] = []
     for labels, util in sorted(gpus, key=lambda g: int(g[0][_index_label(vendor)])):
@@ -200,6 +241,7 @@ def _gpu_samples(
         busy = bool(labels.get("pod"))
         total = memory_mib
         used = _vram_used(total, util, busy)
+        reserved = reserved_mib
         samples.append((vendor.util_metric, labels, util))
         if vendor is AMD:
             figures = {
@@ -213,7 +255,8 @@ def _gpu_samples(
                 "DCGM_FI_DEV_GPU_TEMP": float(round(_temperature(util, index))),
                 "DCGM_FI_DEV_POWER_USAGE": _power(vendor, util),
                 "DCGM_FI_DEV_FB_USED": float(used),
-                "DCGM_FI_DEV_FB_FREE": float(total - used),
+                "DCGM_FI_DEV_FB_FREE": float(total - used - reserved),
+                "DCGM_FI_DEV_FB_RESERVED": float(reserved),
             }
         samples += [(name, labels, value) for name, value in figures.items()]
     return samples
@@ -245,30 +288,48 @@ def _nic_samples(nics: list[SimNic]) -> list[Sample]:
     return samples
 
 
-def juicefs_volumes(cluster: SimCluster) -> dict[str, dict[str, float]]:
-    """Each JuiceFS volume's figures: space and inodes, and read/write bytes per second."""
+def juicefs_volumes(cluster: SimCluster) -> dict[str, dict[str, float | None]]:
+    """Each JuiceFS volume's figures: space and inodes (the capacity is None for a volume without
+    quota), and read/write bytes per second."""
     volumes = {}
     for _namespace, _secret, volume, _storage_class in JUICEFS_VOLUMES:
         fraction = 0.2 + 0.6 * _stable_fraction(cluster.name, volume)
-        total_space, total_inodes = 2.0**50, 1e9
+        quota_space, quota_inodes = float(200 << 40), 1e9  # 200 TiB, a billion inodes
+        limited = cluster.dialect.juicefs_quota
         volumes[volume] = {
-            "used_space": float(int(total_space * fraction)),
-            "total_space": total_space,
-            "used_inodes": float(int(total_inodes * fraction / 3)),
-            "total_inodes": total_inodes,
+            "used_space": float(int(quota_space * fraction)),
+            "total_space": quota_space if limited else None,
+            "used_inodes": float(int(quota_inodes * fraction / 3)),
+            "total_inodes": quota_inodes if limited else None,
             "read_bytes_per_second": 2.0e8 * fraction,
             "written_bytes_per_second": 5.0e7 * fraction,
         }
     return volumes
 
 
+def _reported_total(total: float | None, used: float, made_up: Callable[[float], float]) -> float:
+    """What JuiceFS reports as a total: the quota, or its made-up figure when there is none."""
+    return total if total is not None else made_up(used)
+
+
 def _juicefs_samples(cluster: SimCluster) -> list[Sample]:
     samples: list[Sample] = []
     for volume, figures in juicefs_volumes(cluster).items():
         labels = {"vol_name": volume, "mp": f"/var/lib/juicefs/volume/{volume}"}
+        used_space, used_inodes = figures["used_space"] or 0.0, figures["used_inodes"] or 0.0
         samples += [
-            (f"juicefs_{name}", labels, figures[name])
-            for name in ("used_space", "total_space", "used_inodes", "total_inodes")
+            ("juicefs_used_space", labels, used_space),
+            (
+                "juicefs_total_space",
+                labels,
+                _reported_total(figures["total_space"], used_space, juicefs_made_up_space),
+            ),
+            ("juicefs_used_inodes", labels, used_inodes),
+            (
+                "juicefs_total_inodes",
+                labels,
+                _reported_total(figures["total_inodes"], used_inodes, juicefs_made_up_inodes),
+            ),
         ]
         for histogram, rate in (
             ("juicefs_fuse_read_size_bytes", figures["read_bytes_per_second"]),
@@ -282,15 +343,14 @@ def _juicefs_samples(cluster: SimCluster) -> list[Sample]:
     return samples
 
 
-def families(vendor: SimVendor) -> dict[str, Family]:
-    """Every family a target of this vendor's clusters can expose, by sample name."""
-    util = Family(vendor.util_metric, "gauge", vendor.util_help)
-    return {
-        vendor.util_metric: util,
-        **(AMD_FAMILIES if vendor is AMD else NVIDIA_FAMILIES),
-        **NIC_FAMILIES,
-        **JUICEFS_FAMILIES,
-    }
+def families(vendor: SimVendor, prefix: str = "") -> dict[str, Family]:
+    """Every family a target of this vendor's clusters can expose, by sample name (GPU exporter
+    families under the metric prefix of AMD's exporter, if any)."""
+    gpu = {vendor.util_metric: Family(vendor.util_metric, "gauge", vendor.util_help)}
+    gpu.update(AMD_FAMILIES if vendor is AMD else NVIDIA_FAMILIES)
+    if vendor is AMD and prefix:
+        gpu = {f"{prefix}{k}": Family(f"{prefix}{f.name}", f.type, f.help) for k, f in gpu.items()}
+    return {**gpu, **NIC_FAMILIES, **JUICEFS_FAMILIES}
 
 
 def device_truth(cluster: SimCluster) -> tuple[list[dict], list[dict]]:
@@ -321,7 +381,12 @@ def device_truth(cluster: SimCluster) -> tuple[list[dict], list[dict]]:
                     row["temperature"] = value
                 elif metric in ("gpu_package_power", "DCGM_FI_DEV_POWER_USAGE"):
                     row["power"] = value
-                elif metric in ("gpu_total_vram", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+                elif metric in (
+                    "gpu_total_vram",
+                    "DCGM_FI_DEV_FB_USED",
+                    "DCGM_FI_DEV_FB_FREE",
+                    "DCGM_FI_DEV_FB_RESERVED",
+                ):
                     row["memory"] += int(value)
             gpus += figures.values()
         elif target.job == NODE_EXPORTER_JOB:
@@ -360,8 +425,12 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
     allocated = sum(n["gpu_allocation"] for n in healthy)
     samples = [v for values in cluster.gpu_utilization_samples().values() for v in values]
     volumes = juicefs_volumes(cluster).values()
-    space, used = sum(v["total_space"] for v in volumes), sum(v["used_space"] for v in volumes)
-    inodes, used_inodes = sum(v["total_inodes"] for v in volumes), sum(v["used_inodes"] for v in volumes)
+    used, used_inodes = sum(v["used_space"] for v in volumes), sum(v["used_inodes"] for v in volumes)
+    # A volume without quota has no capacity: the cluster's total is unknown, not a smaller sum.
+    space = None if any(v["total_space"] is None for v in volumes) else sum(v["total_space"] for v in volumes)
+    inodes = (
+        None if any(v["total_inodes"] is None for v in volumes) else sum(v["total_inodes"] for v in volumes)
+    )
     traffic = [
         nic_traffic(nic)
         for node, nics in cluster.nics().items()
@@ -379,10 +448,14 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
         "utilization": sum(samples) / len(samples) if samples else 0.0,
         "storage_total_space": space,
         "storage_used_space": used,
-        "storage_usage_percentage": 100.0 * used / space if space else 0.0,
+        "storage_usage_percentage": None if space is None else 100.0 * used / space if space else 0.0,
         "storage_total_inodes": inodes,
         "storage_used_inodes": used_inodes,
-        "storage_inodes_usage_percentage": 100.0 * used_inodes / inodes if inodes else 0.0,
+        "storage_inodes_usage_percentage": None
+        if inodes is None
+        else 100.0 * used_inodes / inodes
+        if inodes
+        else 0.0,
         "storage_read_bandwidth": sum(v["read_bytes_per_second"] for v in volumes),
         "storage_write_bandwidth": sum(v["written_bytes_per_second"] for v in volumes),
         "rdma_total_rx": sum(rx for rx, _ in traffic),

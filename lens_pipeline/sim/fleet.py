@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from lens_pipeline.sim import catalog
 from lens_pipeline.sim.churn import ChurnStep
+from lens_pipeline.sim.dialects import SHIPPED, ExporterDialect, dialect_for
 from lens_pipeline.sim.faults import FAULT_TARGETS, TargetFaults, malformed_objects
 from lens_pipeline.sim.generate import GENERATION_EPOCH, KUBE_VERSION, populate
 from lens_pipeline.sim.kinds import BY_PLURAL
@@ -79,6 +80,7 @@ class SimCluster:
         cpu_nodes: int = CPU_NODES,
         continue_ttl: float = CONTINUE_TTL_SECONDS,
         clock: Callable[[], float] = time.time,
+        dialect: ExporterDialect = SHIPPED,
     ) -> None:
         """`nodes` GPU nodes and `cpu_nodes` CPU nodes; workloads until there are `pods_per_node`
         workload pods per GPU node, or `pods` pods in all (DaemonSet pods included) when given."""
@@ -87,6 +89,7 @@ class SimCluster:
         self.name = name
         self.vendor = vendor
         self.profile = VENDORS[vendor]
+        self.dialect = dialect
         self.seed = seed
         self.gpus_per_node = gpus_per_node
         self.continue_ttl = continue_ttl
@@ -101,7 +104,7 @@ class SimCluster:
         self._churn_rng = random.Random(f"{seed}:{name}:churn")
         self._churn_steps = 0
         self._lock = threading.RLock()
-        self._state = ClusterState(name, self.profile, clock)
+        self._state = ClusterState(name, self.profile, clock, dialect)
         self._faults = dict.fromkeys(FAULT_TARGETS, TargetFaults())
         self._forbidden: set[str] = set()
         self._gone_next_continue = False
@@ -125,7 +128,10 @@ class SimCluster:
                 gc.enable()
 
     def __repr__(self) -> str:
-        return f"SimCluster({self.name!r}, vendor={self.vendor!r}, nodes={len(self._state.gpus)})"
+        return (
+            f"SimCluster({self.name!r}, vendor={self.vendor!r}, dialect={self.dialect.name!r}, "
+            f"nodes={len(self._state.gpus)})"
+        )
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -165,6 +171,16 @@ class SimCluster:
         """InternalIP of a simulated node ("" when unknown), as the exporter's scrape address."""
         with self._lock:
             return self._state.node_ip.get(name, "") if name in self._state.node_index else ""
+
+    def exporter_pod(self, node: str) -> dict[str, str]:
+        """The GPU exporter's pod on `node` as a ServiceMonitor labels its target (pod, namespace,
+        container); empty when the node runs none."""
+        namespace, job = self.profile.exporter_namespace, self.profile.exporter_job
+        for key in self.pods_on_node(node):
+            pod_namespace, _, name = key.partition("/")
+            if pod_namespace == namespace and name.startswith(f"{job}-"):
+                return {"pod": name, "namespace": namespace, "container": job}
+        return {}
 
     def pods_on_node(self, node: str) -> list[str]:
         """`namespace/name` keys of the pods bound to `node`, sorted."""
@@ -623,10 +639,13 @@ class SimFleet:
         seed: int,
         vendor: str = "mixed",
         pods_per_node: float = 2.0,
+        dialect: str = "shipped",
         **cluster_options: Any,
     ) -> SimFleet:
         """Clusters `sim-<vendor>-<i>`; "mixed" alternates amd and nvidia starting with amd. `nodes`
-        is the GPU node count of every cluster, or a mix taken in turn (10, 100, 10, 100, ...)."""
+        is the GPU node count of every cluster, or a mix taken in turn (10, 100, 10, 100, ...).
+        `dialect` names how every cluster's exporters speak, or `mixed`: each in turn (two clusters
+        in a row share one, so that a mixed-vendor fleet shows it on both vendors)."""
         if vendor not in (*VENDORS, "mixed"):
             raise ValueError(f"vendor must be one of {[*VENDORS, 'mixed']}, got {vendor!r}")
         mix = [nodes] if isinstance(nodes, int) else list(nodes)
@@ -642,6 +661,7 @@ class SimFleet:
                     mix[i % len(mix)],
                     seed,
                     pods_per_node,
+                    dialect=dialect_for(dialect, i // 2, seed),
                     **cluster_options,
                 )
             )

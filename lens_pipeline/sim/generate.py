@@ -127,7 +127,11 @@ def _gpu_node(state: ClusterState, rng: random.Random, name: str, index: int, gp
     ]
     labels = base_node_labels(name, index)
     labels[profile.product_label] = product.node_label
-    labels[profile.driver_label] = profile.driver_version
+    if state.dialect.legacy_gfd and profile.legacy_driver_labels:
+        # GPU feature discovery before v0.15.0: the version in parts, no `.full` label.
+        labels.update(zip(profile.legacy_driver_labels, profile.driver_version.split("."), strict=True))
+    else:
+        labels[profile.driver_label] = profile.driver_version
     labels.update(profile.extra_node_labels(product, gpus_per_node))
     taints: list[dict[str, Any]] = []
     if rng.random() < 0.2:

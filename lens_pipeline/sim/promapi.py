@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from lens_pipeline.sim import exporters, promql
+from lens_pipeline.sim.dialects import relabel
 from lens_pipeline.sim.wire import SimRequest, SimResponse, json_response
 
 if TYPE_CHECKING:
@@ -32,16 +33,18 @@ def query_series(cluster: SimCluster, metrics: Collection[str] | None = None) ->
     steady = cluster.memo(
         "prometheus_series",
         lambda: _by_name(
-            _series({t: v for t, v in targets.items() if t.job not in exporters.COUNTING_JOBS})
+            _series(cluster, {t: v for t, v in targets.items() if t.job not in exporters.COUNTING_JOBS})
         ),
     )
-    counting = _series({t: v for t, v in targets.items() if t.job in exporters.COUNTING_JOBS})
+    counting = _series(cluster, {t: v for t, v in targets.items() if t.job in exporters.COUNTING_JOBS})
     return _pick(steady, metrics) + counting
 
 
 def counter_series(cluster: SimCluster, metrics: Collection[str] | None = None) -> list[promql.Series]:
     """The counters among `query_series` with their per-second rates as values, for `rate()`."""
-    rates = cluster.memo("prometheus_rates", lambda: _by_name(_series(exporters.counter_rates(cluster))))
+    rates = cluster.memo(
+        "prometheus_rates", lambda: _by_name(_series(cluster, exporters.counter_rates(cluster)))
+    )
     return _pick(rates, metrics)
 
 
@@ -63,15 +66,19 @@ def _evaluate(cluster: SimCluster, query: str) -> list[promql.Series]:
     return promql.evaluate(query, query_series(cluster, metrics), counter_series(cluster, metrics))
 
 
-def _series(targets: dict[exporters.Target, list[exporters.Sample]]) -> list[promql.Series]:
+def _series(
+    cluster: SimCluster, targets: dict[exporters.Target, list[exporters.Sample]]
+) -> list[promql.Series]:
+    """The targets' samples as Prometheus stores them: the exporter's names in the cluster's
+    dialect, the target's labels added (`exported_*` where they clash, as under honor_labels:
+    false), empty labels dropped."""
     series: list[promql.Series] = []
     for target, samples in targets.items():
-        extra = {
-            "job": target.job,
-            "instance": target.instance,
-            **({"node": target.node} if target.node else {}),
-        }
-        series += [({"__name__": metric, **labels, **extra}, value) for metric, labels, value in samples]
+        extra = {**exporters.target_labels(cluster, target), "job": target.job, "instance": target.instance}
+        for metric, labels, value in exporters.exposed(cluster, target, samples):
+            stored = relabel(labels, extra)
+            stored["__name__"] = metric
+            series.append((stored, value))
     return series
 
 
@@ -102,10 +109,10 @@ def handle_prometheus(cluster: SimCluster, req: SimRequest, path: str) -> SimRes
             200, {"status": "success", "data": {"version": "2.53.0-lens-sim", "revision": "sim"}}
         )
     if path == "/api/v1/label/__name__/values":
-        names = sorted(
-            {labels["__name__"] for labels, _ in query_series(cluster)} | {cluster.profile.util_metric}
-        )
+        names = sorted({labels["__name__"] for labels, _ in query_series(cluster)})
         return json_response(200, {"status": "success", "data": names})
+    if path == "/api/v1/labels":
+        return _label_names(cluster, req)
     if path == "/api/v1/query_range":
         return _range_query(cluster, req)
     if path == "/api/v1/query":
@@ -113,6 +120,26 @@ def handle_prometheus(cluster: SimCluster, req: SimRequest, path: str) -> SimRes
             return _error(405, f"method {req.method} not allowed")
         return _instant_query(cluster, req)
     return _error(404, f"the simulator's Prometheus does not serve {path}")
+
+
+def _label_names(cluster: SimCluster, req: SimRequest) -> SimResponse:
+    """`/api/v1/labels`: the label names of the series the `match[]` selectors match (all series
+    without one). The simulator keeps no history, so `start` and `end` change nothing."""
+    selectors = req.form().get("match[]") or []
+    try:
+        parsed = [promql.parse(s) for s in selectors]
+    except promql.PromQLError as exc:
+        return _error(400, f'invalid parameter "match[]": {exc}')
+    metrics: set[str] | None = None
+    if parsed and all(promql.metric_names(p) is not None for p in parsed):
+        metrics = {m for p in parsed for m in promql.metric_names(p) or ()}
+    series = query_series(cluster, metrics)
+    matched = (
+        [labels for p in parsed for labels, _ in p.evaluate(series)] if parsed else [s for s, _ in series]
+    )
+    return json_response(
+        200, {"status": "success", "data": sorted({k for labels in matched for k in labels})}
+    )
 
 
 def _instant_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
@@ -188,10 +215,10 @@ def exposition(cluster: SimCluster, path: str = "/metrics") -> SimResponse:
         chosen = [t for t in targets if t.path == path]
         if not chosen:
             return SimResponse(404, f"no exporter target at {path}\n".encode(), content_type="text/plain")
-    known = exporters.families(cluster.profile)
+    known = exporters.families(cluster.profile, cluster.dialect.metric_prefix)
     families: dict[str, tuple[exporters.Family, list[str]]] = {}
     for target in chosen:
-        for metric, labels, value in targets[target]:
+        for metric, labels, value in exporters.exposed(cluster, target, targets[target]):
             family = known.get(metric) or exporters.Family(metric, "untyped", metric)
             rendered = ",".join(f'{name}="{_escape(text)}"' for name, text in labels.items())
             families.setdefault(family.name, (family, []))[1].append(

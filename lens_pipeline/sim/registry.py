@@ -95,9 +95,11 @@ def prometheus_config(cluster: SimCluster, server: SimServer, scrape_interval: s
     base = urlsplit(server.base_url(cluster.name))
     jobs: dict[str, list[dict[str, Any]]] = {}
     for target in exporters.scrape(cluster):
-        labels = {"__metrics_path__": f"{base.path}{target.path}", "instance": target.instance}
-        if target.node:
-            labels["node"] = target.node
+        labels = {
+            "__metrics_path__": f"{base.path}{target.path}",
+            "instance": target.instance,
+            **exporters.target_labels(cluster, target),
+        }
         jobs.setdefault(target.job, []).append({"targets": [base.netloc], "labels": labels})
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
@@ -105,6 +107,8 @@ def prometheus_config(cluster: SimCluster, server: SimServer, scrape_interval: s
             {
                 "job_name": job,
                 "scheme": base.scheme,
+                # Prometheus' default, said aloud: a target label wins a clash (`exported_*`).
+                "honor_labels": False,
                 "static_configs": configs,
                 **({"tls_config": {"insecure_skip_verify": True}} if base.scheme == "https" else {}),
             }

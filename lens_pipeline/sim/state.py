@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from lens_pipeline.sim.dialects import SHIPPED, ExporterDialect
 from lens_pipeline.sim.kinds import BY_PLURAL, KINDS
 from lens_pipeline.sim.nics import SimNic
 from lens_pipeline.sim.objects import ObjectStore, StoredObject, to_json
@@ -73,9 +74,12 @@ class PodRecord(ObjectRecord):
 class ClusterState:
     """Every object of one cluster by kind, plus derived indices. Not thread-safe: SimCluster locks."""
 
-    def __init__(self, name: str, profile: SimVendor, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, name: str, profile: SimVendor, clock: Callable[[], float], dialect: ExporterDialect = SHIPPED
+    ) -> None:
         self.name = name
         self.profile = profile
+        self.dialect = dialect
         self.resource = profile.resource
         self.clock = clock
         self.stores = {kind.plural: ObjectStore(kind.plural) for kind in KINDS}

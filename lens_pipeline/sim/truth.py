@@ -121,7 +121,7 @@ def node_row(
         "kubelet_version": info.get("kubeletVersion", ""),
         "containerd_version": info.get("containerRuntimeVersion", ""),
         "os": info.get("osImage", ""),
-        "driver_version": labels.get(vendor.driver_label, ""),
+        "driver_version": _driver_version(labels, vendor),
         "taints": {"taints": [dict(taint) for taint in taints]} if taints else {},
         "labels": dict(labels),
         "annotations": dict(metadata.get("annotations") or {}),
@@ -411,3 +411,11 @@ def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
             "rdma_devices": rdma_devices,
             "overview": overview_truth(cluster, nodes),
         }
+
+
+def _driver_version(labels: dict[str, str], vendor: SimVendor) -> str:
+    """The node's driver version: the full label, or the older feature discovery's parts joined."""
+    if labels.get(vendor.driver_label):
+        return labels[vendor.driver_label]
+    parts = [labels.get(key, "") for key in vendor.legacy_driver_labels]
+    return ".".join(parts) if parts and all(parts) else ""

@@ -13,9 +13,12 @@ class GpuProduct:
 
     node_label: str
     weight: float
-    memory_mib: int
+    memory_mib: int  # the whole framebuffer
     # Model-identifying labels on every exporter series of this product.
     exporter_labels: tuple[tuple[str, str], ...]
+    # Framebuffer the driver keeps (dcgm-exporter's DCGM_FI_DEV_FB_RESERVED; used + free + reserved
+    # is the whole). 537 MiB on an H100 80GB; the A100 figure is this simulator's own.
+    reserved_mib: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class SimVendor:
     device_labels: Callable[[str, GpuDevice, GpuProduct, str], dict[str, str]]
     # Labels the exporter adds when a device is allocated to a running container.
     workload_labels: tuple[str, str, str]
+    # Node labels of the driver version's parts in older releases of the feature discovery.
+    legacy_driver_labels: tuple[str, ...]
     exporter_job: str
     exporter_port: int
     exporter_namespace: str
@@ -124,6 +129,7 @@ AMD = SimVendor(
     node_label=AMD_NODE_LABEL,
     device_labels=_amd_device_labels,
     workload_labels=("pod", "namespace", "container"),
+    legacy_driver_labels=(),
     exporter_job="device-metrics-exporter",
     exporter_port=5000,
     exporter_namespace="kube-amd-gpu",
@@ -138,8 +144,8 @@ NVIDIA = SimVendor(
     driver_label="nvidia.com/cuda.driver-version.full",
     driver_version="550.54.15",
     products=(
-        GpuProduct("NVIDIA-H100-80GB-HBM3", 0.75, 81559, (("modelName", "NVIDIA H100 80GB HBM3"),)),
-        GpuProduct("NVIDIA-A100-SXM4-80GB", 0.25, 81920, (("modelName", "NVIDIA A100-SXM4-80GB"),)),
+        GpuProduct("NVIDIA-H100-80GB-HBM3", 0.75, 81559, (("modelName", "NVIDIA H100 80GB HBM3"),), 537),
+        GpuProduct("NVIDIA-A100-SXM4-80GB", 0.25, 81920, (("modelName", "NVIDIA A100-SXM4-80GB"),), 530),
     ),
     extra_node_labels=_nvidia_node_labels,
     taint_key="nvidia.com/gpu",
@@ -149,10 +155,15 @@ NVIDIA = SimVendor(
     node_label=NVIDIA_NODE_LABEL,
     device_labels=_nvidia_device_labels,
     workload_labels=("pod", "namespace", "container"),
+    legacy_driver_labels=(
+        "nvidia.com/cuda.driver.major",
+        "nvidia.com/cuda.driver.minor",
+        "nvidia.com/cuda.driver.rev",
+    ),
     exporter_job="dcgm-exporter",
     exporter_port=9400,
     exporter_namespace="gpu-operator",
-    exporter_image="nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5-3.4.1-ubuntu22.04",
+    exporter_image="nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-ubuntu22.04",
     workload_image="nvcr.io/nvidia/pytorch:24.05-py3",
 )
 

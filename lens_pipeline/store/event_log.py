@@ -37,7 +37,9 @@ _MYSQL_LOCK = "lens_container_event_log"
 # A segment: one version byte, then records. A record: this header, then event type, container id,
 # node name, event id and payload, back to back. Times are microseconds since the epoch.
 SEGMENT_VERSION = b"\x01"
-_RECORD = struct.Struct("<qBBBBHHHI")  # received_at, source, format, needs_processing, len(event_id)+1 (0: none), lengths
+_RECORD = struct.Struct(
+    "<qBBBBHHHI"
+)  # received_at, source, format, needs_processing, len(event_id)+1 (0: none), lengths
 SOURCES = ("k8s", "docker")
 PAYLOAD_FORMATS = ("struct", "json", "event")  # Struct bytes; JSON object; the whole ContainerEvent
 # Bounds of one segment: a round with more is cut into several (MariaDB's packet limit, and the
@@ -202,7 +204,9 @@ def _known_keys(conn: Connection, cluster: str, keys: list[bytes]) -> set[bytes]
     k = container_event_key.c
     known: set[bytes] = set()
     for start in range(0, len(keys), 500):
-        query = select(k.event_key).where(k.cluster_name == cluster, k.event_key.in_(keys[start : start + 500]))
+        query = select(k.event_key).where(
+            k.cluster_name == cluster, k.event_key.in_(keys[start : start + 500])
+        )
         known.update(bytes(key) for key in conn.scalars(query))
     return known
 
@@ -282,7 +286,9 @@ def decode_segment(segment_id: int, cluster: str, payload: bytes) -> list[Logged
         raise ValueError(f"log segment {segment_id} of cluster {cluster}: unknown format {payload[:1]!r}")
     events, at, end, index = [], 1, len(payload), 0
     while at < end:
-        micros, source, fmt, needs, id_len, type_len, cid_len, node_len, size = _RECORD.unpack_from(payload, at)
+        micros, source, fmt, needs, id_len, type_len, cid_len, node_len, size = _RECORD.unpack_from(
+            payload, at
+        )
         at += _RECORD.size
         fields = []
         for length in (type_len, cid_len, node_len, max(id_len - 1, 0)):

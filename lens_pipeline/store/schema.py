@@ -391,17 +391,23 @@ cluster_overview_cache = Table(
             "busy_nodes",
         )
     ),
+    # Unknown is NULL, never 0: no GPU series, or a JuiceFS volume without a quota (migration 0005).
+    *(
+        Column(c, Float, nullable=True, server_default=text("0"))
+        for c in (
+            "utilization",
+            "storage_total_space",
+            "storage_usage_percentage",
+            "storage_total_inodes",
+            "storage_inodes_usage_percentage",
+        )
+    ),
     *(
         Column(c, Float, **_FIGURE)
         for c in (
             "allocation_rate",
-            "utilization",
-            "storage_total_space",
             "storage_used_space",
-            "storage_usage_percentage",
-            "storage_total_inodes",
             "storage_used_inodes",
-            "storage_inodes_usage_percentage",
             "storage_read_bandwidth",
             "storage_write_bandwidth",
             "rdma_total_tx",

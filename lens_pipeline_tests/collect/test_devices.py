@@ -2,8 +2,27 @@
 
 from __future__ import annotations
 
-from lens_pipeline.collect.devices import device_changes, gpu_device_rows, rdma_device_rows
+import math
+from dataclasses import replace
+
+from lens_pipeline.collect.devices import (
+    device_changes,
+    gpu_device_rows,
+    nodes_without_gpu_series,
+    rdma_device_rows,
+)
+from lens_pipeline.collect.nodes import NodeIndex
 from lens_pipeline.vendors import AMD, INFINIBAND, NVIDIA
+
+
+def _node(name: str, ip: str, hostname: str | None = None) -> dict:
+    addresses = [{"type": "InternalIP", "address": ip}]
+    if hostname:
+        addresses.append({"type": "Hostname", "address": hostname})
+    return {"metadata": {"name": name}, "status": {"addresses": addresses}}
+
+
+NODES = NodeIndex([_node("n1", "10.0.0.1", "n1.lan"), _node("n2", "10.0.0.2")])
 
 
 def test_amd_gpus_pair_figures_by_index_not_position():
@@ -36,7 +55,8 @@ def test_amd_gpus_pair_figures_by_index_not_position():
             ({"hostname": "n1", "gpu_id": "1"}, 196592.0),
         ],
     }
-    rows = gpu_device_rows(AMD, identity, figures, {})
+    found = gpu_device_rows(AMD, identity, figures, {}, NODES)
+    rows = found.rows
     assert [(r["gpu_id"], r["serial"], r["utilization"], r["temperature"], r["power"]) for r in rows] == [
         (0, "S0", 10.0, 50.0, None),
         (1, "S1", 40.0, 70.0, 700.0),
@@ -44,14 +64,44 @@ def test_amd_gpus_pair_figures_by_index_not_position():
     assert rows[0]["memory"] == 196592 and rows[0]["gpu_model"] == "AMD Instinct MI300X OAM"
 
 
-def test_nvidia_memory_is_used_plus_free_and_model_falls_back_to_the_node_label():
+def test_nvidia_memory_is_used_plus_free_plus_reserved_and_model_falls_back_to_the_node_label():
     identity = [({"Hostname": "n1", "gpu": "0", "UUID": "GPU-1"}, 99.0)]
     figures = {
         "vram_used": [({"Hostname": "n1", "gpu": "0"}, 1000.0)],
-        "vram_free": [({"Hostname": "n1", "gpu": "0"}, 80000.0)],
+        "vram_free": [({"Hostname": "n1", "gpu": "0"}, 80022.0)],
+        "vram_reserved": [({"Hostname": "n1", "gpu": "0"}, 537.0)],
     }
-    (row,) = gpu_device_rows(NVIDIA, identity, figures, {"n1": "NVIDIA-H100-80GB-HBM3"})
-    assert row["memory"] == 81000 and row["gpu_model"] == "NVIDIA-H100-80GB-HBM3" and row["serial"] == "GPU-1"
+    (row,) = gpu_device_rows(NVIDIA, identity, figures, {"n1": "NVIDIA-H100-80GB-HBM3"}, NODES).rows
+    assert row["memory"] == 81559 and row["gpu_model"] == "NVIDIA-H100-80GB-HBM3" and row["serial"] == "GPU-1"
+    del figures["vram_reserved"]  # dcgm-exporter before 4.3.1-4.4.0 has no reserve series
+    (row,) = gpu_device_rows(NVIDIA, identity, figures, {}, NODES).rows
+    assert row["memory"] == 81022
+
+
+def test_series_are_matched_to_nodes_by_name_address_or_instance_and_strangers_are_reported():
+    by_instance = replace(NVIDIA, node_label="instance")
+    identity = [
+        ({"instance": "10.0.0.1:9400", "gpu": "0", "UUID": "GPU-a"}, 10.0),
+        ({"instance": "n1.lan:9400", "gpu": "1", "UUID": ""}, math.nan),  # no identity, no value
+        ({"instance": "10.9.9.9:9400", "gpu": "0", "UUID": "GPU-x"}, 1.0),  # no such node
+        ({"gpu": "0", "UUID": "GPU-y"}, 1.0),  # no node label at all
+    ]
+    found = gpu_device_rows(by_instance, identity, {}, {}, NODES)
+    assert [(r["node_name"], r["gpu_id"], r["utilization"]) for r in found.rows] == [
+        ("n1", 0, 10.0),
+        ("n1", 1, None),
+    ]
+    assert found.unmatched_nodes == {"10.9.9.9:9400", "(no instance label)"}
+    assert found.without_identity == ["n1/1"] and found.nonfinite == ["n1/1"]
+    assert nodes_without_gpu_series({"n1", "n2"}, found.rows) == ["n2"]
+
+
+def test_node_index_reads_hosts_of_instances():
+    assert NODES.resolve("10.0.0.2:9100") == "n2"
+    assert NODES.resolve("n1") == "n1" and NODES.resolve("n1.lan") == "n1"
+    assert NODES.resolve("[fd00::1]:9100") is None and NODES.resolve("") is None
+    ipv6 = NodeIndex([_node("v6", "fd00::1")])
+    assert ipv6.resolve("[fd00::1]:9100") == "v6" and ipv6.resolve("fd00::1") == "v6"
 
 
 def test_changes_record_adds_removes_and_replaced_cards():
@@ -76,6 +126,11 @@ def test_nics_from_node_exporter_info():
         ),
         ({"device": "mlx5_1"}, 1.0),
     ]
-    assert rdma_device_rows(samples, INFINIBAND) == [
-        {"node_name": "n1", "ifname": "mlx5_0", "fw": "28.39.1002", "node_type": "MT4129"}
-    ]
+    rows, unmatched = rdma_device_rows(samples, INFINIBAND, NODES)
+    assert rows == [{"node_name": "n1", "ifname": "mlx5_0", "fw": "28.39.1002", "node_type": "MT4129"}]
+    assert unmatched == {"(no node label)"}
+    by_instance = replace(INFINIBAND, node_label="instance")
+    rows, unmatched = rdma_device_rows(
+        [({"instance": "10.0.0.2:9100", "device": "mlx5_0"}, 1.0)], by_instance, NODES
+    )
+    assert [r["node_name"] for r in rows] == ["n2"] and not unmatched

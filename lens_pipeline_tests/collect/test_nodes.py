@@ -102,6 +102,20 @@ def test_nvidia_node_and_auto_vendor_detection():
     assert rows[0]["gpu_utilization"] is None
 
 
+def test_older_feature_discovery_labels_still_give_the_driver_version():
+    """GPU feature discovery before v0.15.0 labelled only cuda.driver.major/minor/rev."""
+    labels = {
+        "nvidia.com/cuda.driver.major": "535",
+        "nvidia.com/cuda.driver.minor": "161",
+        "nvidia.com/cuda.driver.rev": "08",
+    }
+    assert NVIDIA.driver_version(labels) == "535.161.08"
+    assert (
+        NVIDIA.driver_version({**labels, "nvidia.com/cuda.driver-version.full": "550.54.15"}) == "550.54.15"
+    )
+    assert NVIDIA.driver_version({"nvidia.com/cuda.driver.major": "535"}) == ""
+
+
 def test_a_gpu_node_without_labels_is_unknown_not_an_error():
     node = copy.deepcopy(AMD_NODE)
     del node["metadata"]["labels"]

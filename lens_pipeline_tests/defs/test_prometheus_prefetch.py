@@ -15,7 +15,7 @@ from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, 
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.server import SimServer
-from lens_pipeline.vendors import PROFILES
+from lens_pipeline.vendors import PROFILES, shipped_dialect
 from lens_pipeline_tests.defs.support import (
     edit_registry,
     materializations,
@@ -25,7 +25,7 @@ from lens_pipeline_tests.defs.support import (
 
 AMD = "sim-amd-0"
 PROFILE = PROFILES["amd"]
-PROFILES_OF_AMD = (PROFILE,)
+DIALECT_REQUESTS = 3
 
 
 @pytest.fixture
@@ -147,8 +147,9 @@ def test_a_run_asks_each_query_once(sim, tmp_path, monkeypatch):
         name: materializations(result, name)[0].metadata["prometheus_queries"].value
         for name in ("gpu_nodes", "gpu_pods", "gpu_devices")
     }
-    # gpu_nodes: the utilization query; gpu_devices: identities, each figure, the NICs.
-    assert asked == {"gpu_nodes": 1, "gpu_pods": 0, "gpu_devices": 2 + len(PROFILE.device_metrics)}
-    assert _asked(fleet) == sum(asked.values())
+    # gpu_nodes: the utilization query; gpu_devices: identities, duplicates, each figure, the NICs.
+    assert asked == {"gpu_nodes": 1, "gpu_pods": 0, "gpu_devices": 3 + len(PROFILE.device_metrics)}
+    # Before them, once for the turn: the metric names, and the labels of the GPU and NIC series.
+    assert _asked(fleet) == sum(asked.values()) + DIALECT_REQUESTS
     # gpu_devices' queries were asked while gpu_pods worked, before gpu_devices asked for them.
-    assert set(device_queries(PROFILES_OF_AMD)) <= set(asked_ahead)
+    assert set(device_queries(shipped_dialect("amd"))) <= set(asked_ahead)

@@ -30,7 +30,9 @@ T0 = datetime(2026, 11, 22, 6, 0, tzinfo=UTC)
 def _rows(indexes, cluster: str = "east", at: datetime = T0) -> list[dict]:
     origin = Origin("k8s", None, cluster)
     return [
-        from_grpc(agent.event("Running", container_id(i), gpu_container(i, "Running", gpus=i % 2)), origin, at)
+        from_grpc(
+            agent.event("Running", container_id(i), gpu_container(i, "Running", gpus=i % 2)), origin, at
+        )
         for i in indexes
     ]
 

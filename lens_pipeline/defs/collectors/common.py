@@ -39,7 +39,9 @@ from lens_pipeline.defs.resources import (
     PrometheusResource,
     SafeDatabase,
 )
-from lens_pipeline.prom.reader import PromReader
+from lens_pipeline.prom.dialect import read_dialect
+from lens_pipeline.prom.reader import PromError, PromReader
+from lens_pipeline.vendors import Dialect, shipped_dialect
 
 COLLECTOR_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
 MAX_LOGGED_PROBLEMS = 20
@@ -80,6 +82,8 @@ class ClusterStep:
     safe_db: SafeDatabase
     config: ClusterAssetsConfig
     _prometheus_reader: PromReader | None = field(default=None, init=False, repr=False)
+    _dialect: Dialect | None = field(default=None, init=False, repr=False)
+    _dialect_error: str | None = field(default=None, init=False, repr=False)
 
     @property
     def log(self) -> Any:
@@ -91,6 +95,31 @@ class ClusterStep:
         if self._prometheus_reader is None:
             self._prometheus_reader = self.prometheus.reader(self.cluster)
         return self._prometheus_reader
+
+    def dialect(self) -> Dialect:
+        """How this cluster's exporters name their metrics and labels, learned once per turn from
+        its Prometheus (a few cheap requests), with the registry's overrides. When Prometheus cannot
+        be asked, the shipped names: the queries then fail and say so."""
+        if self._dialect is None:
+            overrides = self.cluster.exporter_overrides
+            reader = self.prometheus_reader()
+            if reader is None:
+                self._dialect = shipped_dialect(self.cluster.vendor, overrides)
+            else:
+                try:
+                    self._dialect = read_dialect(reader, self.cluster.vendor, overrides)
+                except PromError as exc:
+                    self._dialect_error = str(exc)
+                    self._dialect = shipped_dialect(self.cluster.vendor, overrides)
+        return self._dialect
+
+    def dialect_metadata(self) -> dict[str, Any]:
+        """The dialect as run metadata: what each exporter's series look like, and what is missing."""
+        dialect = self.dialect()
+        described = {f"exporter_{k}": v for k, v in dialect.describe().items()}
+        if self._dialect_error:
+            described["exporter_detection_error"] = self._dialect_error
+        return described
 
     def prefetch(self, parts: Sequence["ClusterPart"]) -> None:
         """Have Prometheus evaluate the instant queries `parts` will ask while other parts work: at

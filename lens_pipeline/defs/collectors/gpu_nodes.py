@@ -15,7 +15,6 @@ from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadat
 from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.nodes import stored_utilization, write_gpu_nodes
-from lens_pipeline.vendors import profiles_for
 
 TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilization", "status", "address")
 
@@ -27,8 +26,10 @@ TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utiliza
         "allocation_within_capacity": "No node has more GPUs allocated than it has.",
         "every_node_readable": "Every Node and Pod object of the cluster could be read.",
         "utilization_fresh": "Prometheus answered the utilization query this run.",
+        "every_gpu_node_has_utilization": "Every Ready GPU node has utilization series that name it "
+        "(else its utilization is unknown, NULL).",
     },
-    prometheus_queries=lambda step: [p.node_utilization_query() for p in profiles_for(step.cluster.vendor)],
+    prometheus_queries=lambda step: [p.node_utilization_query() for p in step.dialect().profiles],
 )
 def gpu_nodes(step: ClusterStep) -> MaterializeResult:
     run = CollectorRun(step)
@@ -37,19 +38,23 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
 
     prom = step.prometheus_reader()
     utilization: dict[str, float] | None = {}
+    unmatched: list[str] = []
     prom_error = "no prometheus_url in the registry" if prom is None else None
     if prom is not None:
         try:
-            for profile in snapshot.profiles:
+            for profile in step.dialect().profiles:
                 samples = prom.vector(profile.node_utilization_query())
-                utilization.update(
-                    utilization_by_node(((s.labels, s.value) for s in samples), profile.node_label)
+                found, strangers = utilization_by_node(
+                    ((s.labels, s.value) for s in samples), profile.node_label, snapshot.node_index
                 )
+                utilization.update(found)
+                unmatched += strangers
         except PromError as exc:
             step.log.warning(f"{exc}; keeping each node's last stored utilization")
             prom_error, utilization = str(exc), None
 
     with write_transaction(step.lens_db.engine()) as conn:
+        measured = utilization is not None
         if utilization is None:
             utilization = {
                 k: v for k, v in stored_utilization(conn, run.cluster.name).items() if v is not None
@@ -63,6 +68,9 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
     capacity = sum(r["gpu_count"] for r in rows)
     allocated = sum(r["gpu_allocation"] for r in rows)
     over = [r["name"] for r in rows if r["gpu_allocation"] > r["gpu_count"]]
+    unknown = [
+        r["name"] for r in rows if r["status"] == "Ready" and r["gpu_count"] and r["gpu_utilization"] is None
+    ]
     return run.finish(
         {
             "dagster/row_count": len(rows),
@@ -71,7 +79,9 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
             "gpu_capacity": capacity,
             "gpu_allocated": allocated,
             "allocation_rate": round(100.0 * allocated / capacity, 3) if capacity else 0.0,
+            "nodes_without_utilization": len(unknown),
             **sync_metadata(result),
+            **step.dialect_metadata(),
             "nodes": markdown_table(rows, TABLE_COLUMNS),
         },
         [
@@ -80,5 +90,15 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
             ),
             run.readable_check("every_node_readable"),
             run.check("utilization_fresh", prom_error is None, warn=True, error=prom_error or ""),
+            run.check(
+                "every_gpu_node_has_utilization",
+                not measured or not unknown,
+                warn=True,
+                count=len(unknown),
+                nodes=unknown[:20],
+                series_naming_no_node=len(unmatched),
+                unmatched_node_labels=sorted(set(unmatched))[:20],
+                **step.dialect_metadata(),
+            ),
         ],
     )

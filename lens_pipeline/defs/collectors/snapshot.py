@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import cached_property, partial
 
 from lens_pipeline.clusters import ClusterConfig
-from lens_pipeline.collect.nodes import project_node
+from lens_pipeline.collect.nodes import NodeIndex, project_node
 from lens_pipeline.collect.objects import KindRef
 from lens_pipeline.collect.owners import plurals_from_discovery, project_owner
 from lens_pipeline.collect.pods import GpuPod, project_gpu_pod
@@ -29,6 +29,11 @@ class ClusterSnapshot:
     @cached_property
     def nodes(self) -> list[dict]:
         return self.reader.list("/api/v1/nodes", project_node)
+
+    @cached_property
+    def node_index(self) -> NodeIndex:
+        """What Prometheus series may call each node (name, addresses, hostname)."""
+        return NodeIndex(self.nodes)
 
     @cached_property
     def _pods(self) -> list[GpuPod | Problem | None]:

@@ -6,6 +6,7 @@ few grouped Prometheus queries. When Prometheus cannot answer, the node figures 
 the Prometheus figures keep their last stored values (a warning check says so).
 """
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +17,8 @@ from lens_pipeline.collect.overview import (
     RDMA_FIGURES,
     STORAGE_FIGURES,
     StorageVolume,
+    juicefs_inode_capacity,
+    juicefs_space_capacity,
     overview_row,
     storage_figures,
 )
@@ -27,7 +30,7 @@ from lens_pipeline.defs.derived.common import cluster_view
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.overview import overview_nodes, storage_volumes, stored_overview, write_overview
-from lens_pipeline.vendors import INFINIBAND, profiles_for
+from lens_pipeline.vendors import Dialect
 
 JUICEFS = "juicefs"
 # JuiceFS reports a volume's space and inodes from every mount (averaged: the same figure many
@@ -44,11 +47,14 @@ JUICEFS_COUNTERS = {
 }
 
 
-def prometheus_figures(prom: PromReader, vendor: str, volumes: list[str], window: str) -> dict[str, float]:
-    """Utilization (0-100), the storage figures of `volumes` and RDMA traffic: one grouped query per
-    figure, whatever the number of nodes and volumes."""
+def prometheus_figures(
+    prom: PromReader, dialect: Dialect, volumes: list[str], window: str, capacities: Mapping[str, float]
+) -> tuple[dict[str, Any], list[str]]:
+    """Utilization (0-100, None without any GPU series), the storage figures of `volumes` and RDMA
+    traffic: one grouped query per figure, whatever the number of nodes and volumes. Also the
+    volumes whose capacity is unknown (no quota, and none in the registry's `capacities`)."""
     total = count = 0.0
-    for profile in profiles_for(vendor):
+    for profile in dialect.profiles:
         sum_query, count_query = profile.utilization_sum_queries()
         total += sum(s.value for s in prom.vector(sum_query))
         count += sum(s.value for s in prom.vector(count_query))
@@ -62,18 +68,35 @@ def prometheus_figures(prom: PromReader, vendor: str, volumes: list[str], window
     if volumes:
         for name, query in queries.items():
             figures[name] = {s.labels.get("vol_name", ""): s.value for s in prom.vector(query)}
-    storage = storage_figures(
-        StorageVolume(**{name: figures[name].get(volume, 0.0) for name in figures}) for volume in volumes
-    )
-    rx_query, tx_query = INFINIBAND.traffic_queries(window)
+    stored, uncapped = [], []
+    for volume in volumes:
+        seen = {name: values.get(volume) for name, values in figures.items()}
+        used, used_inodes = seen["used_space"] or 0.0, seen["used_inodes"] or 0.0
+        space = capacities.get(volume)
+        if space is None and seen["total_space"] is not None:
+            space = juicefs_space_capacity(seen["total_space"], used)
+        inodes = juicefs_inode_capacity(seen["total_inodes"], used_inodes) if seen["total_inodes"] else None
+        if space is None:
+            uncapped.append(volume)
+        stored.append(
+            StorageVolume(
+                total_space=space,
+                used_space=used,
+                total_inodes=inodes,
+                used_inodes=used_inodes,
+                read_bandwidth=seen["read_bandwidth"] or 0.0,
+                write_bandwidth=seen["write_bandwidth"] or 0.0,
+            )
+        )
+    rx_query, tx_query = dialect.nic.traffic_queries(window)
     rx = sum(s.value for s in prom.vector(rx_query))
     tx = sum(s.value for s in prom.vector(tx_query))
     return {
-        "utilization": total / count if count else 0.0,
-        **storage,
+        "utilization": total / count if count else None,
+        **storage_figures(stored),
         "rdma_total_rx": rx,
         "rdma_total_tx": tx,
-    }
+    }, uncapped
 
 
 @cluster_view(
@@ -85,6 +108,9 @@ def prometheus_figures(prom: PromReader, vendor: str, volumes: list[str], window
         "totals_match_node_table": "Total, healthy and faulty nodes add up to the cluster's `node` rows.",
         "every_healthy_node_in_one_bucket": "Fully idle + partially idle + busy = healthy nodes.",
         "prometheus_fresh": "Prometheus answered this run (else its figures are the last stored ones).",
+        "utilization_known": "The cluster's Prometheus has GPU utilization series (else it is NULL).",
+        "storage_capacity_known": "Every JuiceFS volume has a capacity (a quota, or one in the registry); "
+        "else the total and the usage percentage are NULL.",
     },
 )
 def cluster_overview_cache(step: ClusterStep) -> MaterializeResult:
@@ -96,18 +122,21 @@ def cluster_overview_cache(step: ClusterStep) -> MaterializeResult:
         volumes = storage_volumes(conn, cluster.name, JUICEFS)
         previous = stored_overview(conn, cluster.name)
 
-    prom = step.prometheus.reader(cluster)
+    prom = step.prometheus_reader()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     figures: dict[str, Any] | None = None
+    uncapped: list[str] = []
     if prom is not None:
         try:
-            figures = prometheus_figures(prom, cluster.vendor, volumes, step.prometheus.rate_window)
+            figures, uncapped = prometheus_figures(
+                prom, step.dialect(), volumes, step.prometheus.rate_window, cluster.juicefs_capacity_bytes
+            )
         except PromError as exc:
             step.log.warning(f"{exc}; keeping the last stored Prometheus figures")
             prom_error = str(exc)
     if figures is None:
         kept = ("utilization", *STORAGE_FIGURES, *RDMA_FIGURES)
-        figures = {name: (previous or {}).get(name, 0.0) for name in kept}
+        figures = {name: (previous or {}).get(name) for name in kept}
     row = overview_row(
         nodes,
         utilization=figures["utilization"],
@@ -122,11 +151,13 @@ def cluster_overview_cache(step: ClusterStep) -> MaterializeResult:
         metadata={
             "cluster": cluster.name,
             "allocation_rate": MetadataValue.float(round(float(row["allocation_rate"]), 3)),
-            "utilization": MetadataValue.float(round(float(row["utilization"]), 3)),
+            **{
+                name: MetadataValue.float(round(float(row[name]), 3))
+                for name in ("utilization", "storage_usage_percentage", "rdma_total_rx", "rdma_total_tx")
+                if row[name] is not None  # unknown: no point on the plot rather than a false zero
+            },
             **{name: MetadataValue.int(int(row[name])) for name in NODE_COUNTS},
-            "storage_usage_percentage": MetadataValue.float(round(float(row["storage_usage_percentage"]), 3)),
-            "rdma_total_rx": MetadataValue.float(float(row["rdma_total_rx"])),
-            "rdma_total_tx": MetadataValue.float(float(row["rdma_total_tx"])),
+            "unknown_figures": ", ".join(sorted(k for k, v in row.items() if v is None)),
             "prometheus_queries": prom.queries if prom is not None else 0,
             "duration_seconds": round((datetime.now(UTC) - started).total_seconds(), 3),
         },
@@ -139,5 +170,19 @@ def cluster_overview_cache(step: ClusterStep) -> MaterializeResult:
             ),
             check("every_healthy_node_in_one_bucket", buckets == row["healthy_nodes"], bucketed=buckets),
             check("prometheus_fresh", prom_error is None, warn=True, error=prom_error or ""),
+            check(
+                "utilization_known",
+                prom_error is not None or row["utilization"] is not None,
+                warn=True,
+                **step.dialect_metadata(),
+            ),
+            check(
+                "storage_capacity_known",
+                not uncapped,
+                warn=True,
+                volumes_without_capacity=uncapped[:20],
+                count=len(uncapped),
+                fix="set the volume's capacity under juicefs_capacity_bytes in the registry",
+            ),
         ],
     )

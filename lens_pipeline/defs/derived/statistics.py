@@ -10,6 +10,7 @@ above them through `workload_pod_reference`.
 """
 
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,7 +44,7 @@ from lens_pipeline.store.statistics import (
     write_consumers,
     write_statistics,
 )
-from lens_pipeline.vendors import profiles_for
+from lens_pipeline.vendors import VendorProfile
 
 
 def _utc(t: float) -> datetime:
@@ -51,11 +52,16 @@ def _utc(t: float) -> datetime:
 
 
 def read_pod_series(
-    prom: PromReader, vendor: str, start: datetime, end: datetime, step: float, idle_below: float
+    prom: PromReader,
+    profiles: Sequence[VendorProfile],
+    start: datetime,
+    end: datetime,
+    step: float,
+    idle_below: float,
 ) -> dict[PodKey, PodSeries]:
     """Every pod's GPUs over the window, from three range queries per vendor."""
     pods: dict[PodKey, PodSeries] = {}
-    for profile in profiles_for(vendor):
+    for profile in profiles:
         for query, attribute in zip(
             profile.pod_utilization_queries(idle_below), ("sums", "counts", "idle"), strict=True
         ):
@@ -66,10 +72,10 @@ def read_pod_series(
     return pods
 
 
-def read_pod_now(prom: PromReader, vendor: str) -> dict[PodKey, tuple[float, float]]:
+def read_pod_now(prom: PromReader, profiles: Sequence[VendorProfile]) -> dict[PodKey, tuple[float, float]]:
     """Every pod's (utilization sum, GPU count) now."""
     now: dict[PodKey, list[float]] = {}
-    for profile in profiles_for(vendor):
+    for profile in profiles:
         sum_query, count_query, _ = profile.pod_utilization_queries(0)
         for index, query in enumerate((sum_query, count_query)):
             for sample in prom.vector(query):
@@ -86,6 +92,8 @@ def read_pod_now(prom: PromReader, vendor: str) -> dict[PodKey, tuple[float, flo
         "utilization_within_bounds": "Every figure is a percentage between 0 and 100.",
         "idle_within_allocated": "No workload has more idle GPU-seconds than GPU-seconds held.",
         "prometheus_fresh": "Prometheus answered this run.",
+        "utilization_names_known_pods": "Every pod the GPU utilization series name is a running GPU "
+        "pod of a workload (else its GPUs are attributed to nobody).",
     },
 )
 def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
@@ -107,17 +115,18 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
         math.floor(max(cursor.timestamp() if cursor else floor, floor) / resolution) * resolution + resolution
     )
     last = math.floor(now.timestamp() / resolution) * resolution
-    prom = step.prometheus.reader(cluster)
+    prom = step.prometheus_reader()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     series: dict[PodKey, PodSeries] = {}
     current: dict[PodKey, tuple[float, float]] = {}
     if prom is not None:
+        profiles = step.dialect().profiles
         try:
             if last >= first:
                 series = read_pod_series(
-                    prom, cluster.vendor, _utc(first), _utc(last), resolution, config.idle_threshold_percent
+                    prom, profiles, _utc(first), _utc(last), resolution, config.idle_threshold_percent
                 )
-            current = read_pod_now(prom, cluster.vendor)
+            current = read_pod_now(prom, profiles)
         except PromError as exc:
             step.log.warning(f"{exc}; statistics keep their stored figures this run")
             prom_error = str(exc)
@@ -209,6 +218,11 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
     over_idle = [
         r["workload_name"] for r in rows if r["idle_gpu_seconds"] > r["allocated_gpu_seconds"] + 1e-6
     ]
+    # Series naming a pod that holds no GPU here: the pod label is not the workload's (an exporter
+    # scraped with honor_labels: false and no `exported_pod`), or the pod is gone from the tables.
+    known_pods = {(p["namespace"], p["name"]) for pods in pods_of.values() for p in pods}
+    # Only the pods holding GPUs now: the window's may have ended since.
+    strangers = sorted(f"{ns}/{pod}" for ns, pod in set(current) - known_pods)
     return MaterializeResult(
         metadata={
             "cluster": cluster.name,
@@ -229,6 +243,14 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
             check("utilization_within_bounds", figures_in_bounds),
             check("idle_within_allocated", not over_idle, over=over_idle[:50]),
             check("prometheus_fresh", prom_error is None, warn=True, error=prom_error or ""),
+            check(
+                "utilization_names_known_pods",
+                not strangers,
+                warn=True,
+                count=len(strangers),
+                pods=strangers[:20],
+                **step.dialect_metadata(),
+            ),
         ],
     )
 

@@ -79,7 +79,10 @@ def delete_old_history(
     context.log.info(f"deleted {deleted} (rows older than {before.isoformat()})")
     return Output(
         sum(deleted.values()),
-        metadata={**{f"deleted_{table}": n for table, n in deleted.items()}, "older_than": before.isoformat()},
+        metadata={
+            **{f"deleted_{table}": n for table, n in deleted.items()},
+            "older_than": before.isoformat(),
+        },
     )
 
 
@@ -96,4 +99,6 @@ prune_every_night = ScheduleDefinition(
     description="Keeps the Lens database's history tables to the last 30 days (the newest snapshots stay).",
 )
 
-defs = Definitions(jobs=[prune_run_history, prune_lens_history], schedules=[prune_every_hour, prune_every_night])
+defs = Definitions(
+    jobs=[prune_run_history, prune_lens_history], schedules=[prune_every_hour, prune_every_night]
+)
