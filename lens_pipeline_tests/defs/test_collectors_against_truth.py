@@ -61,9 +61,12 @@ DEVICE_COLUMNS = ("gpu_model", "serial", "memory", "utilization", "temperature",
 WRITE_COUNTS = ("rows_inserted", "rows_updated", "rows_vanished")
 
 
-@pytest.fixture
-def fleet_and_registry(tmp_path):
-    fleet = SimFleet.generate(clusters=2, nodes=16, seed=21, vendor="mixed")
+@pytest.fixture(params=["shipped", "everything"])
+def fleet_and_registry(tmp_path, request):
+    """An AMD and an NVIDIA cluster whose exporters speak as shipped, or in every way real
+    deployments change them at once (prefix, honor_labels: false, the node by `instance` only,
+    older GFD labels, JuiceFS without quota, dcgm-exporter's `hostname`): the truth is the same."""
+    fleet = SimFleet.generate(clusters=2, nodes=16, seed=21, vendor="mixed", dialect=request.param)
     with SimServer(fleet) as server, instance_for_test() as instance:
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [c.name for c in fleet])
         yield fleet, server, write_registry(tmp_path / "clusters.yaml", server), instance

@@ -37,6 +37,7 @@ from lens_pipeline.store.statistics import (
     active_workloads,
     claim_statistics_window,
     ended_workload_status,
+    running_gpu_pods,
     running_pods_by_workload,
     statistics_cursor,
     stored_hours,
@@ -105,6 +106,7 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
     with engine.connect() as conn:
         workloads = active_workloads(conn, cluster.name)
         pods_of = running_pods_by_workload(conn, cluster.name)
+        known_pods = running_gpu_pods(conn, cluster.name)
         stored = stored_statistics(conn, cluster.name)
         cursor = statistics_cursor(conn, cluster.name)
 
@@ -220,7 +222,6 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
     ]
     # Series naming a pod that holds no GPU here: the pod label is not the workload's (an exporter
     # scraped with honor_labels: false and no `exported_pod`), or the pod is gone from the tables.
-    known_pods = {(p["namespace"], p["name"]) for pods in pods_of.values() for p in pods}
     # Only the pods holding GPUs now: the window's may have ended since.
     strangers = sorted(f"{ns}/{pod}" for ns, pod in set(current) - known_pods)
     return MaterializeResult(
