@@ -268,11 +268,16 @@ def learn_profile(
     metric_names: Iterable[str],
     label_names: Iterable[str],
     overrides: ExporterOverrides = ExporterOverrides(),
+    target_labels: Iterable[str] = (),
 ) -> VendorProfile:
     """`profile` as the cluster's Prometheus speaks it: the metric names it has (an override, or the
     shipped name under the prefix found for the utilization metric), the label naming the node and
     the labels naming the pod holding a GPU. With metric names known, figures whose metric is
-    absent are dropped; with none (Prometheus not asked), the shipped names are kept."""
+    absent are dropped; with none (Prometheus not asked), the shipped names are kept.
+
+    `target_labels` are the labels the scrape configuration gives the exporter's targets: when
+    `pod` is one of them, the exporter's own `pod` can only be `exported_pod` (honor_labels:
+    false), even while no GPU is held and no `exported_pod` exists yet to learn from."""
     names, labels = set(metric_names), set(label_names)
     prefix = _prefix(profile, names, overrides)
     figures = {}
@@ -292,6 +297,8 @@ def learn_profile(
     pairs = [(profile.pod_label, profile.namespace_label), *profile.pod_label_aliases]
     pod_pairs = [(f"{EXPORTED_PREFIX}{p}", f"{EXPORTED_PREFIX}{n}") for p, n in pairs] + pairs
     pod_label, namespace_label = next((pair for pair in pod_pairs if pair[0] in labels), pairs[0])
+    if pod_label == profile.pod_label and pod_label in set(target_labels):
+        pod_label, namespace_label = pod_pairs[0]
     return replace(
         profile,
         util_metric=_metric_name(profile.util_metric, prefix, overrides),
@@ -325,15 +332,23 @@ def learn_dialect(
     metric_names: Iterable[str],
     labels_of: Callable[[str], Iterable[str]],
     overrides: ExporterOverrides = ExporterOverrides(),
+    target_labels_of: Callable[[str], Iterable[str]] = lambda metric: (),
 ) -> Dialect:
     """The dialect of a cluster's Prometheus from its metric names and, for each exporter found, the
-    label names of its series (`labels_of(metric)`, one cheap request each)."""
+    label names of its series (`labels_of(metric)`, one cheap request each) and, when its `pod`
+    label could be the scrape target's, the labels of its targets (`target_labels_of(metric)`)."""
     names = set(metric_names)
     wanted = profiles_for(vendor)
-    present = [(p, util_metric_name(p, names, overrides)) for p in wanted]
-    learned = tuple(
-        learn_profile(p, names, labels_of(util), overrides) for p, util in present if util in names
-    )
+    learned_list = []
+    for profile in wanted:
+        util = util_metric_name(profile, names, overrides)
+        if util not in names:
+            continue
+        labels = set(labels_of(util))
+        ambiguous = profile.pod_label in labels and f"{EXPORTED_PREFIX}{profile.pod_label}" not in labels
+        targets = target_labels_of(util) if ambiguous and not overrides.pod_label else ()
+        learned_list.append(learn_profile(profile, names, labels, overrides, targets))
+    learned = tuple(learned_list)
     found = {p.name: describe_profile(p) for p in learned}
     missing = []
     if not learned:

@@ -1,5 +1,6 @@
 """A cluster's exporter dialect, learned from its Prometheus in a few cheap requests: the metric
-names of the last minutes, then the label names of each exporter's utilization series."""
+names of the last minutes, then the label names of each exporter's utilization series (and, when
+its `pod` label could be the scrape target's, of its targets)."""
 
 from __future__ import annotations
 
@@ -9,4 +10,6 @@ from lens_pipeline.vendors import Dialect, ExporterOverrides, learn_dialect
 
 def read_dialect(prom: PromReader, vendor: str, overrides: ExporterOverrides) -> Dialect:
     """What `prom` really has (raises `PromError` when it cannot be asked)."""
-    return learn_dialect(vendor, prom.metric_names(), prom.label_names, overrides)
+    return learn_dialect(
+        vendor, prom.metric_names(), prom.label_names, overrides, target_labels_of=prom.target_label_names
+    )

@@ -155,15 +155,22 @@ class PromReader:
             raise PromError(self.cluster, query, f"malformed response: {names!r:.200}")
         return {str(n) for n in names}
 
-    def label_names(self, selector: str, lookback_seconds: float = LOOKBACK_SECONDS) -> set[str]:
-        """The label names of the series `selector` matches, over the last `lookback_seconds`."""
+    def label_names(self, *selectors: str, lookback_seconds: float = LOOKBACK_SECONDS) -> set[str]:
+        """The label names of the series the selectors match, over the last `lookback_seconds`."""
         self.queries += 1
-        query = f"labels of {selector}"
-        params = {**self._recent(lookback_seconds), "match[]": selector}
+        query = f"labels of {' or '.join(selectors)}"
+        params: dict[str, Any] = {**self._recent(lookback_seconds), "match[]": list(selectors)}
         names = self._ask(query, lambda c: c.get_label_names(params=params))
         if not isinstance(names, list):
             raise PromError(self.cluster, query, f"malformed response: {names!r:.200}")
         return {str(n) for n in names}
+
+    def target_label_names(self, metric: str) -> set[str]:
+        """The label names of the scrape targets exporting `metric` (their `up` series): what the
+        scrape configuration adds, as opposed to what the exporter wrote."""
+        jobs = sorted({s.labels.get("job", "") for s in self.vector(f"count by (job) ({metric})")} - {""})
+        quoted = (job.replace("\\", "\\\\").replace('"', '\\"') for job in jobs)
+        return self.label_names(*(f'up{{job="{job}"}}' for job in quoted)) if jobs else set()
 
     @staticmethod
     def _recent(lookback_seconds: float) -> dict[str, str]:

@@ -201,7 +201,7 @@ def exposed(cluster: SimCluster, target: Target, samples: list[Sample]) -> list[
     """A target's samples as its exporter writes them in the cluster's dialect: AMD's metric prefix
     and its mandatory workload labels (empty on a GPU nobody holds), dcgm-exporter's `hostname`."""
     vendor, dialect = cluster.profile, cluster.dialect
-    if target.job != vendor.exporter_job:
+    if target.job != vendor.exporter_job or samples[:1] == [("up", {}, 1.0)]:
         return samples
     prefix = dialect.metric_prefix if vendor is AMD else ""
     rename_host = dialect.lowercase_hostname and vendor is not AMD

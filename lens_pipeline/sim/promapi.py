@@ -26,7 +26,8 @@ def _error(status: int, message: str) -> SimResponse:
 
 def query_series(cluster: SimCluster, metrics: Collection[str] | None = None) -> list[promql.Series]:
     """Every scraped series as Prometheus stores it: `__name__`, the target's `job` and `instance`,
-    and `node` for per-node targets (the label `write_prometheus_config` gives them). Series of
+    and `node` for per-node targets (the label `write_prometheus_config` gives them), and each
+    target's `up`. Series of
     targets with counters are made anew (counters move with time); the others are cached. With
     `metrics`, only the series of those metric names (what a query's selectors can match)."""
     targets = exporters.scrape(cluster, metrics)
@@ -34,6 +35,7 @@ def query_series(cluster: SimCluster, metrics: Collection[str] | None = None) ->
         "prometheus_series",
         lambda: _by_name(
             _series(cluster, {t: v for t, v in targets.items() if t.job not in exporters.COUNTING_JOBS})
+            + _series(cluster, {t: [("up", {}, 1.0)] for t in targets})
         ),
     )
     counting = _series(cluster, {t: v for t, v in targets.items() if t.job in exporters.COUNTING_JOBS})

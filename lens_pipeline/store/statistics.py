@@ -84,13 +84,10 @@ def running_pods_by_workload(conn: Connection, cluster_name: str) -> dict[str, l
     return pods
 
 
-def running_gpu_pods(conn: Connection, cluster_name: str) -> set[tuple[str, str]]:
-    """(namespace, name) of every running GPU pod of the cluster, with a workload or without."""
-    query = select(gpu_pods.c.namespace, gpu_pods.c.name).where(
-        gpu_pods.c.cluster_name == cluster_name,
-        gpu_pods.c.running.is_(True),
-        gpu_pods.c.deleted.is_not(True),
-    )
+def gpu_pod_names(conn: Connection, cluster_name: str) -> set[tuple[str, str]]:
+    """(namespace, name) of every GPU pod the cluster has had: running, pending, terminating (which
+    still hold their GPUs) or ended, with a workload or without."""
+    query = select(gpu_pods.c.namespace, gpu_pods.c.name).where(gpu_pods.c.cluster_name == cluster_name)
     return {(row.namespace, row.name) for row in conn.execute(query)}
 
 

@@ -148,3 +148,31 @@ def test_one_volume_without_capacity_makes_the_total_unknown_not_smaller():
     )
     assert figures["storage_total_space"] is None and figures["storage_usage_percentage"] is None
     assert figures["storage_used_space"] == 6e11
+
+
+def test_a_pod_label_that_is_the_scrape_targets_means_exported_pod_even_with_no_gpu_held():
+    """honor_labels: false while no GPU is held: no `exported_pod` yet, and `pod` names the exporter's
+    own pod. The exporter targets' labels tell: their `pod` is the scrape configuration's."""
+    labels = {"Hostname", "gpu", "UUID", "pod", "namespace", "container", "instance", "job"}
+    asked: list[str] = []
+
+    def targets(metric: str) -> set[str]:
+        asked.append(metric)
+        return {"pod", "namespace", "container", "instance", "job"}
+
+    table = {"DCGM_FI_DEV_GPU_UTIL": labels}
+    (nvidia,) = learn_dialect(
+        "nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), target_labels_of=targets
+    ).profiles
+    assert (nvidia.pod_label, nvidia.namespace_label) == ("exported_pod", "exported_namespace")
+    assert asked == ["DCGM_FI_DEV_GPU_UTIL"]
+    # Targets without a pod label (static or node-role scrapes): the exporter's `pod` is the workload's.
+    (nvidia,) = learn_dialect(
+        "nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), target_labels_of=lambda m: {"instance", "job"}
+    ).profiles
+    assert nvidia.pod_label == "pod"
+    # With `exported_pod` seen, nothing more is asked.
+    asked.clear()
+    table["DCGM_FI_DEV_GPU_UTIL"] = labels | {"exported_pod", "exported_namespace"}
+    learn_dialect("nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), target_labels_of=targets)
+    assert asked == []

@@ -55,6 +55,11 @@ def statistics_config(config: dict) -> dict:
     return {"ops": {"cluster_assets": {"config": {"statistics": config}}}}
 
 
+# Prometheus requests that learn a cluster's exporter dialect, once per turn, when its GPUs carry a
+# `pod` label (lens_pipeline.prom.dialect): metric names, the GPU series' labels, the exporter
+# targets' jobs and their labels, the InfiniBand series' labels.
+DIALECT_REQUESTS = 5
+
 # Nothing listens on port 9 (discard) here: connections are refused at once.
 DEAD_URL = "http://127.0.0.1:9"
 

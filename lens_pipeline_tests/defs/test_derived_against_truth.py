@@ -8,12 +8,14 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 from dagster import instance_for_test
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from sqlalchemy import select
 
 from lens_pipeline.collect.overview import OVERVIEW_FIGURES
 from lens_pipeline.defs import resources
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, SafeDatabase
+from lens_pipeline.sim.dialects import DIALECTS
 from lens_pipeline.sim.fleet import SimCluster, SimFleet
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
@@ -22,12 +24,13 @@ from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.schema import (
     cluster_overview_cache,
     gpu_consumers,
+    node,
     node_statistic,
     safe_workload_statistic,
     workload_statistic,
 )
 from lens_pipeline_tests.defs.support import materialize_cluster, statistics_config
-from lens_pipeline_tests.defs.test_collectors_against_truth import table, truth
+from lens_pipeline_tests.defs.test_collectors_against_truth import assert_matches_truth, table, truth
 
 IDLE_BELOW = 5.0
 STATISTICS = {"step_seconds": 1, "idle_threshold_percent": IDLE_BELOW, "first_window_seconds": 60}
@@ -204,3 +207,47 @@ def test_derived_tables_equal_the_truth_through_churn(fleet_and_registry, db_url
                 assert float(safe["max_gpu_usage_3h"]) == pytest.approx(acc["max"], abs=0.006)
     assert idle_seen > 0, "the simulator should hold some GPUs idle"
     assert safe_seen > 0, "the simulator should run SaFE Workloads"
+
+
+def test_every_dialect_alone_on_both_vendors_gives_the_truth(tmp_path, sqlite_url):
+    """Each way real exporters and scrape configs differ, on an AMD and an NVIDIA cluster, in one
+    batched run with nothing configured: every table equals the truth, and only the checks that
+    should fail do (storage without quota), naming only the clusters concerned."""
+    fleet = SimFleet.generate(clusters=2 * len(DIALECTS), nodes=3, seed=4, vendor="mixed", dialect="mixed")
+    assert {(c.vendor, c.dialect.name) for c in fleet} == {
+        (v, d) for v in ("amd", "nvidia") for d in DIALECTS
+    }
+    safe_url = f"sqlite:///{tmp_path / 'safe.db'}"
+    names = [c.name for c in fleet]
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
+        registry = write_registry(tmp_path / "clusters.yaml", server)
+        result = materialize_cluster(
+            instance=instance,
+            tags={ASSET_PARTITION_RANGE_START_TAG: names[0], ASSET_PARTITION_RANGE_END_TAG: names[-1]},
+            run_config=statistics_config(STATISTICS),
+            resources={
+                "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                "lens_db": LensDatabase(url=sqlite_url),
+                "safe_db": SafeDatabase(url=safe_url),
+            },
+        )
+        assert result.success
+        uncapped = sorted(c.name for c in fleet if not c.dialect.juicefs_quota)
+        for check in result.get_asset_check_evaluations():
+            failing = check.metadata["clusters_failing"].value
+            expected = uncapped if check.check_name == "storage_capacity_known" else []
+            assert failing == expected, (check.check_name, check.metadata)
+        for cluster in fleet:
+            assert_matches_truth(sqlite_url, server, cluster.name)
+            want = truth(server, cluster.name)["overview"]
+            (row,) = table(sqlite_url, cluster_overview_cache, cluster.name)
+            assert {f for f in OVERVIEW_FIGURES if row[f] is None} == {
+                f for f, v in want.items() if v is None
+            }
+            assert {f: row[f] for f in OVERVIEW_FIGURES if want[f] is not None} == pytest.approx(
+                {f: v for f, v in want.items() if v is not None}, rel=1e-9
+            ), cluster.dialect.name
+            nodes = {n["name"]: n for n in table(sqlite_url, node, cluster.name)}
+            for expected_node in truth(server, cluster.name)["nodes"]:
+                assert nodes[expected_node["name"]]["driver_version"] == expected_node["driver_version"]

@@ -17,6 +17,7 @@ from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.vendors import PROFILES, shipped_dialect
 from lens_pipeline_tests.defs.support import (
+    DIALECT_REQUESTS,
     edit_registry,
     materializations,
     materialize_cluster,
@@ -25,7 +26,6 @@ from lens_pipeline_tests.defs.support import (
 
 AMD = "sim-amd-0"
 PROFILE = PROFILES["amd"]
-DIALECT_REQUESTS = 3
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def test_a_run_asks_each_query_once(sim, tmp_path, monkeypatch):
     }
     # gpu_nodes: the utilization query; gpu_devices: identities, duplicates, each figure, the NICs.
     assert asked == {"gpu_nodes": 1, "gpu_pods": 0, "gpu_devices": 3 + len(PROFILE.device_metrics)}
-    # Before them, once for the turn: the metric names, and the labels of the GPU and NIC series.
+    # Before them, once for the turn: the exporters' dialect.
     assert _asked(fleet) == sum(asked.values()) + DIALECT_REQUESTS
     # gpu_devices' queries were asked while gpu_pods worked, before gpu_devices asked for them.
     assert set(device_queries(shipped_dialect("amd"))) <= set(asked_ahead)

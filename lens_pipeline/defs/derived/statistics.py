@@ -37,7 +37,7 @@ from lens_pipeline.store.statistics import (
     active_workloads,
     claim_statistics_window,
     ended_workload_status,
-    running_gpu_pods,
+    gpu_pod_names,
     running_pods_by_workload,
     statistics_cursor,
     stored_hours,
@@ -93,8 +93,8 @@ def read_pod_now(prom: PromReader, profiles: Sequence[VendorProfile]) -> dict[Po
         "utilization_within_bounds": "Every figure is a percentage between 0 and 100.",
         "idle_within_allocated": "No workload has more idle GPU-seconds than GPU-seconds held.",
         "prometheus_fresh": "Prometheus answered this run.",
-        "utilization_names_known_pods": "Every pod the GPU utilization series name is a running GPU "
-        "pod of a workload (else its GPUs are attributed to nobody).",
+        "utilization_names_known_pods": "Every pod the GPU utilization series name is a GPU pod of the "
+        "cluster (else its GPUs are attributed to nobody).",
     },
 )
 def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
@@ -106,7 +106,7 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
     with engine.connect() as conn:
         workloads = active_workloads(conn, cluster.name)
         pods_of = running_pods_by_workload(conn, cluster.name)
-        known_pods = running_gpu_pods(conn, cluster.name)
+        known_pods = gpu_pod_names(conn, cluster.name)
         stored = stored_statistics(conn, cluster.name)
         cursor = statistics_cursor(conn, cluster.name)
 
@@ -220,8 +220,8 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
     over_idle = [
         r["workload_name"] for r in rows if r["idle_gpu_seconds"] > r["allocated_gpu_seconds"] + 1e-6
     ]
-    # Series naming a pod that holds no GPU here: the pod label is not the workload's (an exporter
-    # scraped with honor_labels: false and no `exported_pod`), or the pod is gone from the tables.
+    # Series naming no GPU pod of the cluster: the pod label is not the workload's (an exporter
+    # scraped with honor_labels: false while no GPU is held, so no `exported_pod` to learn from).
     # Only the pods holding GPUs now: the window's may have ended since.
     strangers = sorted(f"{ns}/{pod}" for ns, pod in set(current) - known_pods)
     return MaterializeResult(
