@@ -1,4 +1,4 @@
-"""The `lens` command: `lens demo`, `lens sim`, `lens db upgrade`, `lens ingest`."""
+"""The `lens` command: `lens demo`, `lens sim`, `lens db upgrade`, `lens ingest`, `lens api`, `lens doctor`."""
 
 from __future__ import annotations
 
@@ -55,6 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     ingest = commands.add_parser("ingest", help="the container-event sidecar (gRPC + HTTP) for node agents")
     _ingest_arguments(ingest)
 
+    doctor = commands.add_parser(
+        "doctor", help="what each registered cluster would give, and what would be missing (exit 1 if any)"
+    )
+    doctor.add_argument(
+        "--registry", help=f"registry file or directory (default: ${settings.LENS_CLUSTERS_FILE})"
+    )
+    doctor.add_argument("--cluster", action="append", default=[], help="only this cluster (repeatable)")
+    doctor.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
+
     args, rest = parser.parse_known_args(argv)
     if args.command == "sim":
         from lens_pipeline.sim.cli import main as sim_main
@@ -68,7 +77,29 @@ def main(argv: list[str] | None = None) -> int:
         return _db_upgrade(args.database, args.revision)
     if args.command == "ingest":
         return _ingest(args)
+    if args.command == "doctor":
+        return _doctor(args)
     return _demo(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from lens_pipeline.clusters import load_registry
+    from lens_pipeline.doctor import FAIL, diagnose, render
+
+    path = args.registry or settings.clusters_file()
+    if not path:
+        print(
+            f"lens doctor: no registry; pass --registry or set {settings.LENS_CLUSTERS_FILE}", file=sys.stderr
+        )
+        return 2
+    findings = diagnose(load_registry(path), args.cluster, args.timeout)
+    print(render(findings))
+    failed = sorted({f.cluster for f in findings if f.status == FAIL})
+    if failed:
+        print(f"\n{len(failed)} cluster(s) would have missing data: {', '.join(failed)}")
+        return 1
+    print(f"\nevery cluster ({len({f.cluster for f in findings})}) would be collected in full")
+    return 0
 
 
 def _db_upgrade(which: str, revision: str) -> int:

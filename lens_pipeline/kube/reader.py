@@ -241,6 +241,15 @@ class KubeReader:
             raise KubeError(self.cluster.name, path, _status_message(body), status)
         return _parse(self.cluster.name, path, body)
 
+    def can_list(self, path: str) -> str | None:
+        """Why the collection at `path` cannot be listed (an HTTP status and the server's message),
+        or None when it can: one request for one item."""
+        try:
+            status, body = self._get(path, [("limit", 1)])
+        except KubeError as exc:
+            return str(exc)
+        return None if status == 200 else f"HTTP {status}: {_status_message(body)}"
+
     def _get(self, path: str, query: list[tuple[str, Any]]) -> tuple[int, bytes]:
         if self._unreachable is not None:
             raise KubeError(

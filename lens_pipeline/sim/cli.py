@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from lens_pipeline.sim.dialects import DIALECT_CHOICES
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_prometheus_configs, write_registry
 from lens_pipeline.sim.server import SimServer
@@ -30,6 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("amd", "nvidia", "mixed"),
         default="mixed",
         help="GPU vendor of the clusters; mixed alternates (default mixed)",
+    )
+    parser.add_argument(
+        "--dialect",
+        choices=DIALECT_CHOICES,
+        default="shipped",
+        help="how the exporters and scrape configs speak (metric prefix, honor_labels: false, the node "
+        "by instance only, older GFD labels, JuiceFS without quota, dcgm-exporter's hostname, all of "
+        "them); mixed: each in turn (default shipped)",
     )
     parser.add_argument(
         "--pods-per-node", type=float, default=2.0, help="workload pods per GPU node (default 2)"
@@ -83,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.pods_per_node,
         pods=args.pods,
         continue_ttl=args.continue_ttl,
+        dialect=args.dialect,
     )
     generated = time.perf_counter() - started
     # The fleet lives until exit; frozen, the cyclic GC stops rescanning its millions of objects on
@@ -105,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"generated in {generated:.1f} s")
         for cluster in fleet:
             print(
-                f"{cluster.name} ({cluster.vendor}, {len(cluster.node_names())} GPU nodes): "
+                f"{cluster.name} ({cluster.vendor}, {cluster.dialect.name} exporters, {len(cluster.node_names())} GPU nodes): "
                 f"{server.base_url(cluster.name)}"
             )
         print("serving; Ctrl-C to stop", flush=True)
