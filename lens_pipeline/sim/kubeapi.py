@@ -306,13 +306,20 @@ def _forbidden(req: SimRequest, route: Route | None) -> SimResponse:
     return status_response(403, message, details=details)
 
 
+def client_user(cluster_name: str) -> str:
+    """The user a client certificate must name to read a simulated cluster."""
+    return f"lens-reader:{cluster_name}"
+
+
 def handle_kube(cluster: SimCluster, req: SimRequest) -> SimResponse:
     """Answer one request below the cluster's base URL that is not a simulator endpoint."""
     fault = cluster.fault("kube")
     if fault is not None:
         return status_response(fault, f"injected fault: the simulator answers every API call with {fault}")
     scheme, _, token = req.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), cluster.token):
+    by_token = scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), cluster.token)
+    # Or a client certificate issued for this cluster's reader (`ServerCertificate.client_pair`).
+    if not by_token and req.client_cn != client_user(cluster.name):
         return status_response(401, "Unauthorized")
 
     path = req.path.rstrip("/") or "/"

@@ -124,6 +124,18 @@ class _Handler(BaseHTTPRequestHandler):
             response = json_response(500, {"error": f"simulator error: {type(exc).__name__}: {exc}"})
         self._send(response)
 
+    def _client_common_name(self) -> str | None:
+        """The common name of the client certificate the TLS handshake verified against the
+        simulator's CA (kube-apiserver's `--client-ca-file` authentication: the CN is the user)."""
+        if not isinstance(self.connection, ssl.SSLSocket):
+            return None
+        certificate = self.connection.getpeercert() or {}
+        for attributes in certificate.get("subject", ()):
+            for key, value in attributes:
+                if key == "commonName":
+                    return str(value)
+        return None
+
     def _route(self, path: str, query: str, body: bytes) -> SimResponse:
         fleet = self.server.fleet
         parts = path.split("/", 3)  # "", "clusters", name, rest
@@ -147,6 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
             query=parse_qs(query, keep_blank_values=True),
             headers={key.lower(): value for key, value in self.headers.items()},
             body=body,
+            client_cn=self._client_common_name(),
         )
         if rest.startswith("/_"):
             return handle_simulator(cluster, req)

@@ -19,6 +19,8 @@ class SimRequest:
     query: dict[str, list[str]]
     headers: dict[str, str]
     body: bytes = b""
+    # The CN of a client certificate signed by the simulator's CA, when the client sent one.
+    client_cn: str | None = None
 
     def param(self, name: str, default: str | None = None) -> str | None:
         values = self.query.get(name)
