@@ -34,11 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--dialect",
-        choices=DIALECT_CHOICES,
         default="shipped",
+        metavar="{" + ",".join(DIALECT_CHOICES) + "}",
         help="how the exporters and scrape configs speak (metric prefix, honor_labels: false, the node "
         "by instance only, older GFD labels, JuiceFS without quota, dcgm-exporter's hostname, all of "
-        "them); mixed: each in turn (default shipped)",
+        "them); mixed: each in turn; a,b: those in turn (default shipped)",
     )
     parser.add_argument(
         "--pods-per-node", type=float, default=2.0, help="workload pods per GPU node (default 2)"

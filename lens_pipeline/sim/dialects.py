@@ -72,14 +72,14 @@ DIALECT_CHOICES = (*DIALECTS, "mixed")
 
 def dialect_for(choice: str, index: int, seed: int) -> ExporterDialect:
     """The dialect of the `index`-th cluster of a fleet: `mixed` takes every dialect in turn, from
-    a place the seed chooses, so any seven consecutive clusters show them all."""
-    if choice == "mixed":
-        names = list(DIALECTS)
-        return DIALECTS[names[(seed + index) % len(names)]]
-    try:
-        return DIALECTS[choice]
-    except KeyError:
-        raise ValueError(f"dialect must be one of {', '.join(DIALECT_CHOICES)}, got {choice!r}") from None
+    a place the seed chooses, so any eight consecutive indices show them all; `a,b` takes the named
+    ones in turn."""
+    names = list(DIALECTS) if choice == "mixed" else choice.split(",")
+    unknown = [n for n in names if n not in DIALECTS]
+    if unknown:
+        raise ValueError(f"dialect must be one of {', '.join(DIALECT_CHOICES)} (or a,b), got {choice!r}")
+    offset = seed if choice == "mixed" else 0
+    return DIALECTS[names[(offset + index) % len(names)]]
 
 
 def juicefs_made_up_space(used: float) -> float:
