@@ -23,16 +23,20 @@ class GpuSeries:
 
     rows: list[Row] = field(default_factory=list)
     unmatched_nodes: set[str] = field(default_factory=set)
+    without_index: list[str] = field(default_factory=list)  # no GPU index label, or not a number
     without_identity: list[str] = field(default_factory=list)
     nonfinite: list[str] = field(default_factory=list)
 
 
+def _gpu_index(labels: Labels, profile: VendorProfile) -> int | None:
+    index = labels.get(profile.gpu_index_label)
+    return int(index) if index is not None and str(index).isdigit() else None
+
+
 def _gpu_key(labels: Labels, profile: VendorProfile, nodes: NodeIndex) -> tuple[str, int] | None:
     node = nodes.resolve(labels.get(profile.node_label))
-    index = labels.get(profile.gpu_index_label)
-    if not node or index is None or not str(index).isdigit():
-        return None
-    return node, int(index)
+    index = _gpu_index(labels, profile)
+    return (node, index) if node and index is not None else None
 
 
 def _memory(figures: Mapping[str, Mapping[tuple[str, int], float]], key: tuple[str, int]) -> float | None:
@@ -67,7 +71,11 @@ def gpu_device_rows(
     for labels, utilization in identity:
         key = _gpu_key(labels, profile, nodes)
         if key is None:
-            found.unmatched_nodes.add(labels.get(profile.node_label) or f"(no {profile.node_label} label)")
+            node = labels.get(profile.node_label) or f"(no {profile.node_label} label)"
+            if nodes.resolve(labels.get(profile.node_label)) is None:
+                found.unmatched_nodes.add(node)
+            else:
+                found.without_index.append(f"{node}/{labels.get(profile.gpu_index_label, '(none)')}")
             continue
         where = f"{key[0]}/{key[1]}"
         serial = labels.get(profile.serial_label, "")

@@ -9,6 +9,7 @@ scraping the same targets see the same series.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -190,6 +191,7 @@ def _build(cluster: SimCluster) -> dict[Target, list[Sample]]:
         nic_target = Target(NODE_EXPORTER_JOB, node, f"{address}:{NODE_EXPORTER_PORT}")
         targets[nic_target] = _nic_samples(nics.get(node, []))
     targets[Target(JUICEFS_JOB, "", f"juicefs-csi-node:{JUICEFS_PORT}")] = _juicefs_samples(cluster)
+    targets.update(cluster.injected_series())
     return targets
 
 
@@ -240,20 +242,21 @@ def _gpu_samples(
         index = int(labels[_index_label(vendor)])
         busy = bool(labels.get("pod"))
         total = memory_mib
-        used = _vram_used(total, util, busy)
+        basis = util if math.isfinite(util) else 0.0  # a broken utilization breaks no other figure
+        used = _vram_used(total, basis, busy)
         reserved = reserved_mib
         samples.append((vendor.util_metric, labels, util))
         if vendor is AMD:
             figures = {
-                "gpu_junction_temperature": _temperature(util, index),
-                "gpu_package_power": _power(vendor, util),
+                "gpu_junction_temperature": _temperature(basis, index),
+                "gpu_package_power": _power(vendor, basis),
                 "gpu_total_vram": float(total),
                 "gpu_used_vram": float(used),
             }
         else:
             figures = {
-                "DCGM_FI_DEV_GPU_TEMP": float(round(_temperature(util, index))),
-                "DCGM_FI_DEV_POWER_USAGE": _power(vendor, util),
+                "DCGM_FI_DEV_GPU_TEMP": float(round(_temperature(basis, index))),
+                "DCGM_FI_DEV_POWER_USAGE": _power(vendor, basis),
                 "DCGM_FI_DEV_FB_USED": float(used),
                 "DCGM_FI_DEV_FB_FREE": float(total - used - reserved),
                 "DCGM_FI_DEV_FB_RESERVED": float(reserved),
@@ -361,7 +364,10 @@ def device_truth(cluster: SimCluster) -> tuple[list[dict], list[dict]]:
     model_label = "card_series" if vendor is AMD else "modelName"
     serial_label = "serial_number" if vendor is AMD else "UUID"
     gpus, nics = [], []
+    injected = cluster.injected_series()
     for target, samples in scrape(cluster).items():
+        if target in injected:
+            continue  # not the cluster's devices
         if target.job == vendor.exporter_job:
             figures: dict[int, dict] = {}
             for metric, labels, value in samples:

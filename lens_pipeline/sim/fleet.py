@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import math
 import random
 import threading
 import time
@@ -232,6 +233,11 @@ class SimCluster:
         with self._lock:
             return self._state.gpus[node].product
 
+    def injected_series(self) -> dict[Any, list[Sample]]:
+        """The scrape targets added by `inject_series`, with their samples."""
+        with self._lock:
+            return dict(self._state.injected_series)
+
     def nics(self) -> dict[str, list[SimNic]]:
         """RDMA/InfiniBand NICs present on each simulated GPU node (vanished ones left out), whether
         or not the node's exporter is up (`node_status` says)."""
@@ -440,9 +446,22 @@ class SimCluster:
                 controllers.refresh(owner, self.now())
 
     def set_gpu_utilization(self, node: str, gpu: int, value: float) -> None:
+        """A GPU's utilization from now on (NaN or infinite too: what a broken exporter reports)."""
         with self._lock:
             self._simulated_node(node)
-            self._state.gpus[node].utilization[gpu] = round(float(value), self.profile.util_decimals)
+            value = float(value)
+            rounded = round(value, self.profile.util_decimals) if math.isfinite(value) else value
+            self._state.gpus[node].utilization[gpu] = rounded
+            self._state.changed()
+
+    def inject_series(self, job: str, instance: str, samples: list[Sample], node: str = "") -> None:
+        """One more scrape target answering `samples` (metric, labels, value) as its exporter writes
+        them: a second exporter, an exporter scraped twice, a node that does not exist. Not part of
+        the truth, as injected objects are not."""
+        from lens_pipeline.sim.exporters import Target
+
+        with self._lock:
+            self._state.injected_series[Target(job, node, instance)] = list(samples)
             self._state.changed()
 
     # -- pod mutations -------------------------------------------------------------------------

@@ -127,10 +127,10 @@ def _aggregate(op: str, values: Sequence[float]) -> float:
         return math.fsum(values)
     if op == "avg":
         return math.fsum(values) / len(values)
-    if op == "max":
-        return max(values)
-    if op == "min":
-        return min(values)
+    if op in ("max", "min"):
+        # Prometheus passes over NaN unless every value is NaN.
+        numbers = [v for v in values if not math.isnan(v)] or list(values)
+        return max(numbers) if op == "max" else min(numbers)
     return float(len(values))
 
 

@@ -80,6 +80,8 @@ class ClusterState:
         self.name = name
         self.profile = profile
         self.dialect = dialect
+        # Scrape targets added by hand (sim.exporters.Target -> samples), beside the simulated ones.
+        self.injected_series: dict[Any, list[tuple[str, dict[str, str], float]]] = {}
         self.resource = profile.resource
         self.clock = clock
         self.stores = {kind.plural: ObjectStore(kind.plural) for kind in KINDS}

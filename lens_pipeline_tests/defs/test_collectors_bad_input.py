@@ -128,3 +128,51 @@ def test_an_expired_continue_token_restarts_the_list(sim, sqlite_url):
     assert metadata(result, "gpu_nodes")["kubernetes_list_restarts"] == 1
     names = {r["name"] for r in table(sqlite_url, node, cluster.name)}
     assert names == {n["name"] for n in truth(server, cluster.name)["nodes"]}
+
+
+def _check(result, name):
+    (evaluation,) = (e for e in result.get_asset_check_evaluations() if e.check_name == name)
+    return evaluation.passed, {k: getattr(v, "value", v) for k, v in evaluation.metadata.items()}
+
+
+def test_bad_prometheus_answers_are_counted_and_named_and_overwrite_nothing(sim, sqlite_url):
+    """A GPU reported twice, a NaN utilization, series for a node that does not exist, series
+    without a GPU index, InfiniBand series naming no node: each counted and named in a failing
+    check, the other GPUs stored as the truth says, and no GPU row written for what names no node."""
+    cluster, server, registry, instance = sim
+    assert run(cluster, registry, instance, sqlite_url).success
+    node_name = cluster.node_names()[0]
+    labels = next(lab for _m, lab, _v in cluster.exporter_samples() if lab["hostname"] == node_name)
+    cluster.set_gpu_utilization(node_name, 1, float("nan"))
+    util = cluster.profile.util_metric
+    cluster.inject_series("device-metrics-exporter-again", "10.9.0.1:5000", [(util, dict(labels), 12.0)])
+    ghost = {**labels, "hostname": "ghost-node", "gpu_id": "0", "serial_number": "GHOST"}
+    cluster.inject_series(
+        "device-metrics-exporter", "10.9.0.2:5000", [(util, ghost, 50.0)], node="ghost-node"
+    )
+    odd = {k: v for k, v in labels.items() if k != "gpu_id"}
+    cluster.inject_series("odd-exporter", "10.9.0.3:5000", [(util, odd, 3.0)])
+    ib = {"device": "mlx5_9", "board_id": "X", "firmware_version": "1", "hca_type": "MT4129"}
+    cluster.inject_series(
+        "node-exporter", "10.9.0.4:9100", [("node_infiniband_info", ib, 1.0)], node="ghost-ib"
+    )
+
+    result = run(cluster, registry, instance, sqlite_url)
+    assert result.success
+    passed, meta = _check(result, "series_well_formed")
+    assert not passed
+    assert meta["duplicated_gpus"] >= 1 and f"{node_name}/{labels['gpu_id']}" in meta["duplicates"]
+    assert meta["nonfinite_values"] == 1 and meta["nonfinite"] == [f"{node_name}/1"]
+    assert meta["series_without_gpu_index"] == 1 and meta["without_gpu_index"] == [f"{node_name}/(none)"]
+    passed, meta = _check(result, "devices_on_known_nodes")
+    assert not passed and meta["gpu_node_labels"] == ["ghost-node"]
+    assert meta["infiniband_series_naming_no_node"] == 1 and meta["infiniband_node_labels"] == ["ghost-ib"]
+
+    stored = {(r["node_name"], r["gpu_id"]): r for r in table(sqlite_url, gpu_device, cluster.name)}
+    assert "ghost-node" not in {n for n, _ in stored}
+    assert stored[(node_name, 1)]["utilization"] is None  # unknown now: not a number, not zero
+    want = {(d["node_name"], d["gpu_id"]): d for d in truth(server, cluster.name)["gpu_devices"]}
+    for key, expected in want.items():
+        if key != (node_name, 1):
+            assert stored[key]["serial"] == expected["serial"]
+            assert stored[key]["utilization"] == pytest.approx(expected["utilization"]), key

@@ -41,7 +41,8 @@ def device_queries(dialect: Dialect) -> list[str]:
         "devices_on_known_nodes": "Every GPU and InfiniBand series names a node of the cluster.",
         "every_gpu_node_has_devices": "Every Ready GPU node has exporter series for its GPUs.",
         "every_gpu_identified": "Every GPU has a serial number or UUID.",
-        "series_well_formed": "No GPU is reported twice, and no value is NaN or infinite.",
+        "series_well_formed": "No GPU is reported twice, every series has a GPU index, and no value is "
+        "NaN or infinite.",
     },
     prometheus_queries=lambda step: device_queries(step.dialect()),
 )
@@ -66,7 +67,7 @@ def gpu_devices(step: ClusterStep) -> MaterializeResult:
         except MalformedObject:
             not_ready.add(name)  # unreadable: keep what is stored
 
-    gpus, unmatched, without_identity, nonfinite, duplicates = [], set(), [], [], []
+    gpus, unmatched, without_identity, without_index, nonfinite, duplicates = [], set(), [], [], [], []
     for profile in dialect.profiles:
         identity = _pairs(prom.vector(profile.identity_query(), keep_nonfinite=True))
         figures = {f: _pairs(prom.vector(profile.figure_query(f))) for f in profile.device_metrics}
@@ -74,6 +75,7 @@ def gpu_devices(step: ClusterStep) -> MaterializeResult:
         gpus += found.rows
         unmatched |= found.unmatched_nodes
         without_identity += found.without_identity
+        without_index += found.without_index
         nonfinite += found.nonfinite
         duplicates += [
             f"{s.labels.get(profile.node_label, '?')}/{s.labels.get(profile.gpu_index_label, '?')}"
@@ -135,12 +137,14 @@ def gpu_devices(step: ClusterStep) -> MaterializeResult:
             ),
             run.check(
                 "series_well_formed",
-                not duplicates and not nonfinite,
+                not duplicates and not nonfinite and not without_index,
                 warn=True,
                 duplicated_gpus=len(duplicates),
                 duplicates=duplicates[:20],
                 nonfinite_values=len(nonfinite),
                 nonfinite=nonfinite[:20],
+                series_without_gpu_index=len(without_index),
+                without_gpu_index=without_index[:20],
             ),
         ],
     )
