@@ -161,3 +161,48 @@ def test_unusable_files_are_errors_not_crashes(tmp_path, content):
 def test_a_missing_registry_file_is_an_error(tmp_path):
     registry = load_registry(tmp_path / "nope.yaml")
     assert registry.clusters == {} and registry.errors[0].field == "path"
+
+
+def test_the_readme_registry_example_loads_as_written(tmp_path):
+    """The README's example, with its kubeconfig in place: both clusters load with their overrides;
+    only the Secret directory, absent here, is an error."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = readme.split("A registry file:\n\n```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "kubeconfigs").mkdir()
+    _kubeconfig(tmp_path / "kubeconfigs" / "east.yaml", contexts=("east-admin",), current="east-admin")
+    (tmp_path / "clusters.yaml").write_text(example)
+    registry = load_registry(tmp_path / "clusters.yaml")
+    assert registry.names == ["prod-east", "prod-west"]
+    assert [(e.cluster, e.field) for e in registry.errors] == [(None, "kubeconfig_dir")]
+    east, west = registry.get("prod-east"), registry.get("prod-west")
+    overrides = east.exporter_overrides
+    assert (overrides.metric_prefix, overrides.node_label, overrides.nic_node_label) == (
+        "amd_",
+        "kubernetes_node",
+        "instance",
+    )
+    assert overrides.pod_label == "exported_pod"  # from the defaults, merged one level down
+    assert east.juicefs_capacity_bytes == {"shared-data": 1099511627776}
+    assert west.prometheus_url == "http://prometheus.prod-west.example:9090" and west.vendor == "nvidia"
+
+
+def test_override_fields_are_checked_by_name(tmp_path):
+    _kubeconfig(tmp_path / "a.yaml")
+    registry = load_registry(
+        _registry(
+            tmp_path,
+            {
+                "clusters": [
+                    {"name": "a", "kubeconfig": "a.yaml", "exporters": {"node_label": "not a label"}},
+                    {"name": "b", "kubeconfig": "a.yaml", "exporters": {"prefix": "amd_"}},
+                    {"name": "c", "kubeconfig": "a.yaml", "juicefs_capacity_bytes": {"v": -1}},
+                ]
+            },
+        )
+    )
+    assert registry.names == []
+    assert {(e.cluster, e.field) for e in registry.errors} == {
+        ("a", "exporters.node_label"),
+        ("b", "exporters.prefix"),
+        ("c", "juicefs_capacity_bytes"),
+    }
