@@ -29,7 +29,7 @@ from lens_pipeline.store.schema import (
     safe_workload_statistic,
     workload_statistic,
 )
-from lens_pipeline_tests.defs.support import materialize_cluster, statistics_config
+from lens_pipeline_tests.defs.support import edit_registry, materialize_cluster, statistics_config
 from lens_pipeline_tests.defs.test_collectors_against_truth import assert_matches_truth, table, truth
 
 IDLE_BELOW = 5.0
@@ -209,7 +209,7 @@ def test_derived_tables_equal_the_truth_through_churn(fleet_and_registry, db_url
     assert safe_seen > 0, "the simulator should run SaFE Workloads"
 
 
-def test_every_dialect_alone_on_both_vendors_gives_the_truth(tmp_path, sqlite_url):
+def test_every_dialect_alone_on_both_vendors_gives_the_truth(tmp_path, db_urls):
     """Each way real exporters and scrape configs differ, on an AMD and an NVIDIA cluster, in one
     batched run with nothing configured: every table equals the truth, and only the checks that
     should fail do (storage without quota), naming only the clusters concerned."""
@@ -217,18 +217,20 @@ def test_every_dialect_alone_on_both_vendors_gives_the_truth(tmp_path, sqlite_ur
     assert {(c.vendor, c.dialect.name) for c in fleet} == {
         (v, d) for v in ("amd", "nvidia") for d in DIALECTS
     }
-    safe_url = f"sqlite:///{tmp_path / 'safe.db'}"
+    lens_url, safe_url = db_urls
     names = [c.name for c in fleet]
     with SimServer(fleet) as server, instance_for_test() as instance:
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
         registry = write_registry(tmp_path / "clusters.yaml", server)
+        # Nothing configured: not even the vendor.
+        edit_registry(registry, lambda document: [e.update(vendor="auto") for e in document["clusters"]])
         result = materialize_cluster(
             instance=instance,
             tags={ASSET_PARTITION_RANGE_START_TAG: names[0], ASSET_PARTITION_RANGE_END_TAG: names[-1]},
             run_config=statistics_config(STATISTICS),
             resources={
                 "registry": ClusterRegistryResource(clusters_file=str(registry)),
-                "lens_db": LensDatabase(url=sqlite_url),
+                "lens_db": LensDatabase(url=lens_url),
                 "safe_db": SafeDatabase(url=safe_url),
             },
         )
@@ -239,15 +241,15 @@ def test_every_dialect_alone_on_both_vendors_gives_the_truth(tmp_path, sqlite_ur
             expected = uncapped if check.check_name == "storage_capacity_known" else []
             assert failing == expected, (check.check_name, check.metadata)
         for cluster in fleet:
-            assert_matches_truth(sqlite_url, server, cluster.name)
+            assert_matches_truth(lens_url, server, cluster.name)
             want = truth(server, cluster.name)["overview"]
-            (row,) = table(sqlite_url, cluster_overview_cache, cluster.name)
+            (row,) = table(lens_url, cluster_overview_cache, cluster.name)
             assert {f for f in OVERVIEW_FIGURES if row[f] is None} == {
                 f for f, v in want.items() if v is None
             }
             assert {f: row[f] for f in OVERVIEW_FIGURES if want[f] is not None} == pytest.approx(
                 {f: v for f, v in want.items() if v is not None}, rel=1e-9
             ), cluster.dialect.name
-            nodes = {n["name"]: n for n in table(sqlite_url, node, cluster.name)}
+            nodes = {n["name"]: n for n in table(lens_url, node, cluster.name)}
             for expected_node in truth(server, cluster.name)["nodes"]:
                 assert nodes[expected_node["name"]]["driver_version"] == expected_node["driver_version"]

@@ -152,11 +152,13 @@ def test_real_prometheus_answers_the_pipeline_queries_like_the_simulator(scraped
 
 
 def registry_on_real_prometheus(tmp_path, server: SimServer, urls: dict[str, str]):
-    """The simulator's registry with each cluster's Prometheus replaced by the real one."""
+    """The simulator's registry with each cluster's Prometheus replaced by the real one, and
+    nothing said of the vendor: `auto`, as a user who lets the pipeline find out."""
     registry = write_registry(tmp_path / "clusters.yaml", server)
     document = yaml.safe_load(registry.read_text())
     for entry in document["clusters"]:
         entry["prometheus_url"] = urls[entry["name"]]
+        entry["vendor"] = "auto"
     registry.write_text(yaml.safe_dump(document))
     return registry
 
