@@ -118,13 +118,16 @@ def run(cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...]
             wall = time.perf_counter() - started
             cpu = _cpu_seconds() - cpu_before
             simulator_cpu, database_cpu, machine_busy = (
-                after - before for after, before in zip(_others_cpu(simulator_pid), others_before, strict=True)
+                after - before
+                for after, before in zip(_others_cpu(simulator_pid), others_before, strict=True)
             )
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             rows = {}
             for name in asset_names:
                 (event,) = (
-                    e for e in result.asset_materializations_for_node("cluster_assets") if e.asset_key.path == [name]
+                    e
+                    for e in result.asset_materializations_for_node("cluster_assets")
+                    if e.asset_key.path == [name]
                 )
                 meta = {k: v.value for k, v in event.metadata.items()}
                 rows[name] = f"{meta['dagster/row_count']} rows ({meta['duration_seconds']:.2f} s)"

@@ -289,7 +289,9 @@ def _wait_healthy(port: int, output, workers: int) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         while time.monotonic() < deadline:
             try:
-                status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                status = (
+                    health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                )
                 output.seek(0)
                 if status == 1 and (workers == 1 or output.read().count(b" serving") >= workers):
                     return

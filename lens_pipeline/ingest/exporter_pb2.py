@@ -5,15 +5,18 @@
 # source: lens_pipeline/ingest/exporter.proto
 # Protobuf Python Version: 6.33.5
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 6, 33, 5, "", "lens_pipeline/ingest/exporter.proto"
+    _runtime_version.Domain.PUBLIC,
+    6,
+    33,
+    5,
+    '',
+    'lens_pipeline/ingest/exporter.proto'
 )
 # @@protoc_insertion_point(imports)
 
@@ -23,20 +26,18 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n#lens_pipeline/ingest/exporter.proto\x12\x08\x65xporter\x1a\x1cgoogle/protobuf/struct.proto"\xf1\x01\n\x0e\x43ontainerEvent\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12%\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x15\n\x08\x65vent_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x14\n\x07\x63luster\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x15\n\x08sequence\x18\x07 \x01(\x04H\x02\x88\x01\x01\x12\x12\n\x05\x65rror\x18\x08 \x01(\tH\x03\x88\x01\x01\x42\x0b\n\t_event_idB\n\n\x08_clusterB\x0b\n\t_sequenceB\x08\n\x06_error"O\n\x13\x43ontainerEventBatch\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.exporter.ContainerEvent\x12\x0e\n\x06source\x18\x02 \x01(\t2\x95\x02\n\x0f\x45xporterService\x12O\n\x15StreamContainerEvents\x12\x18.exporter.ContainerEvent\x1a\x18.exporter.ContainerEvent(\x01\x30\x01\x12U\n\x1bStreamDockerContainerEvents\x12\x18.exporter.ContainerEvent\x1a\x18.exporter.ContainerEvent(\x01\x30\x01\x12Z\n\x1bStreamContainerEventBatches\x12\x1d.exporter.ContainerEventBatch\x1a\x18.exporter.ContainerEvent(\x01\x30\x01\x42\x35Z3github.com/AMD-AGI/primus-lens/core/pkg/pb/exporterb\x06proto3'
-)
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#lens_pipeline/ingest/exporter.proto\x12\x08\x65xporter\x1a\x1cgoogle/protobuf/struct.proto\"\xf1\x01\n\x0e\x43ontainerEvent\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12%\n\x04\x64\x61ta\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x0c\n\x04node\x18\x04 \x01(\t\x12\x15\n\x08\x65vent_id\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x14\n\x07\x63luster\x18\x06 \x01(\tH\x01\x88\x01\x01\x12\x15\n\x08sequence\x18\x07 \x01(\x04H\x02\x88\x01\x01\x12\x12\n\x05\x65rror\x18\x08 \x01(\tH\x03\x88\x01\x01\x42\x0b\n\t_event_idB\n\n\x08_clusterB\x0b\n\t_sequenceB\x08\n\x06_error\"O\n\x13\x43ontainerEventBatch\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.exporter.ContainerEvent\x12\x0e\n\x06source\x18\x02 \x01(\t2\x95\x02\n\x0f\x45xporterService\x12O\n\x15StreamContainerEvents\x12\x18.exporter.ContainerEvent\x1a\x18.exporter.ContainerEvent(\x01\x30\x01\x12U\n\x1bStreamDockerContainerEvents\x12\x18.exporter.ContainerEvent\x1a\x18.exporter.ContainerEvent(\x01\x30\x01\x12Z\n\x1bStreamContainerEventBatches\x12\x1d.exporter.ContainerEventBatch\x1a\x18.exporter.ContainerEvent(\x01\x30\x01\x42\x35Z3github.com/AMD-AGI/primus-lens/core/pkg/pb/exporterb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "lens_pipeline.ingest.exporter_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lens_pipeline.ingest.exporter_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    _globals["DESCRIPTOR"]._loaded_options = None
-    _globals["DESCRIPTOR"]._serialized_options = b"Z3github.com/AMD-AGI/primus-lens/core/pkg/pb/exporter"
-    _globals["_CONTAINEREVENT"]._serialized_start = 80
-    _globals["_CONTAINEREVENT"]._serialized_end = 321
-    _globals["_CONTAINEREVENTBATCH"]._serialized_start = 323
-    _globals["_CONTAINEREVENTBATCH"]._serialized_end = 402
-    _globals["_EXPORTERSERVICE"]._serialized_start = 405
-    _globals["_EXPORTERSERVICE"]._serialized_end = 682
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'Z3github.com/AMD-AGI/primus-lens/core/pkg/pb/exporter'
+  _globals['_CONTAINEREVENT']._serialized_start=80
+  _globals['_CONTAINEREVENT']._serialized_end=321
+  _globals['_CONTAINEREVENTBATCH']._serialized_start=323
+  _globals['_CONTAINEREVENTBATCH']._serialized_end=402
+  _globals['_EXPORTERSERVICE']._serialized_start=405
+  _globals['_EXPORTERSERVICE']._serialized_end=682
 # @@protoc_insertion_point(module_scope)
