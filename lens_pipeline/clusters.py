@@ -151,7 +151,7 @@ def validate_cluster_name(name: object) -> str | None:
     """Why `name` is not a valid cluster name, or None when it is."""
     if not isinstance(name, str) or not name:
         return "must be a non-empty string"
-    if len(name) > 63 or not _DNS1123_LABEL.match(name):
+    if len(name) > 63 or not _DNS1123_LABEL.fullmatch(name):
         return (
             f"{name!r} is not a DNS-1123 label (lower-case letters, digits and '-', "
             "starting and ending with a letter or digit, at most 63 characters)"

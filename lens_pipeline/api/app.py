@@ -46,6 +46,11 @@ WORKLOAD_STATUS_COLOR = {
 NODE_STATUSES = frozenset(STATUS_COLOR)
 WORKLOAD_STATUSES = frozenset(WORKLOAD_STATUS_COLOR)
 MAX_PAGE_SIZE = 1000
+# Pages past this are refused (400), not computed: an offset stays far from any integer limit.
+MAX_PAGE_NUM = 1_000_000
+# A query string longer than this, or with a NUL anywhere (which PostgreSQL text refuses and SQLite
+# would compare oddly), is a 400 before any route sees it.
+MAX_QUERY_BYTES = 8192
 # Kubernetes names, kinds and UIDs: anything else in those parameters is a 400.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 
@@ -67,7 +72,7 @@ def paged(rows: list[Any], total: int) -> Response:
 
 
 def page(
-    page_num: Annotated[int, Query(ge=1)] = 1,
+    page_num: Annotated[int, Query(ge=1, le=MAX_PAGE_NUM)] = 1,
     page_size: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 10,
 ) -> Page:
     return Page(page_num, page_size)
@@ -89,9 +94,37 @@ def _sortable(order_by: str | None, allowed: Mapping[str, Any]) -> None:
 
 
 def _checked(value: str | None, what: str) -> str | None:
-    if value is not None and value != "" and not NAME.match(value):
+    if value is not None and value != "" and not NAME.fullmatch(value):
         raise ApiError(400, f"invalid {what} {value[:80]!r}")
     return value or None
+
+
+class QueryGuard:
+    """ASGI middleware: a path or query string with a NUL (raw or %00), or a query string over
+    `MAX_QUERY_BYTES`, is
+    answered 400 in the API's envelope, whatever the route: bad input never reaches the database."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            query: bytes = scope.get("query_string", b"")
+            problem = None
+            if "\x00" in scope.get("path", ""):
+                problem = "the path contains a NUL character"
+            elif len(query) > MAX_QUERY_BYTES:
+                problem = f"query string of {len(query)} bytes is over the limit of {MAX_QUERY_BYTES}"
+            elif b"\x00" in query or b"%00" in query.lower():
+                name = next(
+                    (p.split(b"=", 1)[0] for p in query.split(b"&") if b"\x00" in p or b"%00" in p.lower()),
+                    b"?",
+                )
+                problem = f"query parameter {name.decode('latin-1')[:40]!r} contains a NUL character"
+            if problem is not None:
+                await envelope(None, 400, f"bad request: {problem}")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(engine: Engine, *, token: str | None = None, default_cluster: str | None = None) -> FastAPI:
@@ -115,6 +148,7 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
     metrics.register(_FleetCollector(engine))
 
     cached_overview = queries.OverviewReader(engine)
+    app.add_middleware(QueryGuard)
 
     async def authorize(request: Request) -> None:
         if token is None:

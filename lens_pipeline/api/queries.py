@@ -280,7 +280,7 @@ def gpu_allocation(conn: Connection, cluster: str, uids: Sequence[str], now: dat
             workload_pod_reference.c.workload_uid,
             pod_resource.c.gpu_model,
             pod_resource.c.gpu_allocated,
-            pod_resource.c.created_at,
+            pod_resource.c.bound_at,
             pod_resource.c.end_at,
         )
         .select_from(referenced(pod_resource))
@@ -291,9 +291,9 @@ def gpu_allocation(conn: Connection, cluster: str, uids: Sequence[str], now: dat
     for row in conn.execute(query).mappings():
         entry = out[row["workload_uid"]]
         gpus = row["gpu_allocated"] or 0
-        entry["gpus"] += gpus
-        if row["created_at"] is not None:
-            seconds = max(((row["end_at"] or now) - row["created_at"]).total_seconds(), 0.0)
+        if row["bound_at"] is not None:  # a pod never scheduled held no GPU
+            entry["gpus"] += gpus
+            seconds = max(((row["end_at"] or now) - row["bound_at"]).total_seconds(), 0.0)
             model = row["gpu_model"] or "unknown"
             entry["hours"][model] = entry["hours"].get(model, 0.0) + seconds * gpus / 3600
     return out

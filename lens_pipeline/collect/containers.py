@@ -43,6 +43,7 @@ class ContainerEventRecord:
     node_name: str
     data: Mapping[str, Any]
     received_at: datetime
+    ref: Any = None  # what the caller needs to find the event again (its place in the log)
 
 
 @dataclass
@@ -51,6 +52,8 @@ class ContainerRows:
     devices: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (container, uuid) -> row
     events: dict[tuple[str, str, datetime], dict[str, Any]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    # Events that could not be applied at all, with why: the caller quarantines them.
+    unusable: list[tuple[ContainerEventRecord, str]] = field(default_factory=list)
 
 
 def apply_events(
@@ -69,8 +72,9 @@ def apply_events(
                 row, devices = _docker(event, current)
             else:
                 row, devices = _k8s(event, current)
-        except (TypeError, ValueError, AttributeError) as exc:
-            out.problems.append(Problem("ContainerEvent", f"log id {event.log_id}", str(exc)))
+            _storable(row, *devices)
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            out.unusable.append((event, f"{type(exc).__name__}: {exc}"))
             continue
         out.containers[event.container_id] = row
         for device in devices:
@@ -98,6 +102,14 @@ def apply_events(
                 "created_at": event.received_at,
             }
     return out
+
+
+def _storable(*rows: Mapping[str, Any]) -> None:
+    """ValueError when a row holds what no table column can: text with NUL (PostgreSQL refuses it)."""
+    for row in rows:
+        for column, value in row.items():
+            if isinstance(value, str) and "\x00" in value:
+                raise ValueError(f"{column} contains a NUL character")
 
 
 def _k8s(

@@ -194,13 +194,32 @@ def pod_end_time(pod: GpuPod) -> datetime | None:
     return parse_time(ready.get("lastTransitionTime"), "Ready condition time") if ready else None
 
 
+def pod_bound_time(pod: GpuPod) -> datetime | None:
+    """When the pod got its node, and so its GPUs: the PodScheduled condition turning True, else its
+    start time; None for a pod never scheduled (it held nothing, however long it waited)."""
+    if not pod.node_name:
+        return None
+    scheduled = next(
+        (c for c in _conditions(pod) if c.get("type") == "PodScheduled" and c.get("status") == "True"), None
+    )
+    if scheduled is not None and scheduled.get("lastTransitionTime"):
+        return parse_time(scheduled["lastTransitionTime"], "PodScheduled condition time")
+    started = parse_time(pod.obj["status"].get("startTime"), "status.startTime")
+    if started is not None:
+        return started
+    # Bound (a static pod, or a kubelet that reports no conditions yet): from its creation.
+    return parse_time(pod.metadata.get("creationTimestamp"), "metadata.creationTimestamp")
+
+
 def pod_resource_row(pod: GpuPod, gpu_model: str) -> Row:
-    """`pod_resource` (spec §1.10): what the pod held, on which GPU model, from when to when."""
+    """`pod_resource` (spec §1.10): what the pod held, on which GPU model, from when to when. Its
+    GPUs are held from `bound_at` (not its creation: a Pending pod holds none) to `end_at`."""
     return {
         "uid": pod.uid,
         "gpu_model": gpu_model,
         "gpu_allocated": pod.gpus,
         "created_at": parse_time(pod.metadata.get("creationTimestamp"), "metadata.creationTimestamp"),
+        "bound_at": pod_bound_time(pod),
         "end_at": pod_end_time(pod),
     }
 

@@ -8,6 +8,7 @@ transports refuse the same things with the same words.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,11 +28,14 @@ EVENT_TYPES = frozenset(
     {"snapshot", "update", "delete", "Created", "Running", "Exit", "Deleted", "OOMKilled"}
 )
 SNAPSHOT = "snapshot"
-# Widths the log and the tables keep.
+# Widths the log and the tables keep, in UTF-8 bytes (a character may take four).
 MAX_CONTAINER_ID = 128
 MAX_NODE = 253
 MAX_EVENT_ID = 128
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
+# A container's CRI `created_at` (nanoseconds since the epoch) must lie before 2200: a later one is
+# no time a runtime reports, and would not fit a timestamp column.
+MAX_CREATED_AT_NANOS = 7_258_118_400 * 10**9
 
 # The parts of the agents' data the asset reads, and the JSON kind each must have when present.
 _K8S_FIELDS = {
@@ -195,18 +199,25 @@ def _varint(raw: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
+def _check_text(name: str, value: str, max_bytes: int) -> None:
+    """A text field the log and the tables keep: at most `max_bytes` in UTF-8, no NUL."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise Refused("malformed", f"{name} is {size} bytes in UTF-8, over {max_bytes}")
+    if "\x00" in value:
+        raise Refused("malformed", f"{name} contains a NUL character")
+
+
 def _check_ids(event_type: str, container_id: str, node: str) -> None:
     if not container_id:
         raise Refused("missing_container_id", f"event {event_type!r} has no container_id")
-    if len(container_id) > MAX_CONTAINER_ID:
-        raise Refused("malformed", f"container_id is {len(container_id)} characters, over {MAX_CONTAINER_ID}")
+    _check_text("container_id", container_id, MAX_CONTAINER_ID)
     if event_type not in EVENT_TYPES:
         raise Refused(
             "unknown_type",
-            f"container {container_id!r}: unknown event type {event_type!r}; expected one of {sorted(EVENT_TYPES)}",
+            f"container {container_id!r}: unknown event type {event_type!r:.80}; expected one of {sorted(EVENT_TYPES)}",
         )
-    if len(node) > MAX_NODE:
-        raise Refused("malformed", f"node name is {len(node)} characters, over {MAX_NODE}")
+    _check_text("node", node, MAX_NODE)
 
 
 def _cluster(named: str, origin: Origin) -> str:
@@ -224,9 +235,21 @@ def _cluster(named: str, origin: Origin) -> str:
 
 
 def _event_id(event_id: str) -> str | None:
-    if len(event_id) > MAX_EVENT_ID:
-        raise Refused("malformed", f"event_id is {len(event_id)} characters, over {MAX_EVENT_ID}")
+    _check_text("event_id", event_id, MAX_EVENT_ID)
     return event_id or None
+
+
+def _check_value(key: str, kind: str, value: Any) -> None:
+    """Values of the read fields that no table could hold: a NUL in text, a creation time that is
+    no time (NaN, infinite, negative, after 2200)."""
+    if kind == "string" and isinstance(value, str) and "\x00" in value:
+        raise Refused("malformed_data", f"data.{key} contains a NUL character")
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if key == "created_at" and number and not (math.isfinite(value) and 0 <= value <= MAX_CREATED_AT_NANOS):
+        raise Refused(
+            "malformed_data",
+            f"data.created_at must be nanoseconds since the epoch before 2200, not {value!r:.40}",
+        )
 
 
 @dataclass(frozen=True)
@@ -241,9 +264,12 @@ def _pb_shape(data: Any, source: str) -> _Shape:
     for key, kind in expected.items():
         value = fields.get(key)
         if value is not None:
-            found = _PB_KIND.get(value.WhichOneof("kind"), "null")
+            which = value.WhichOneof("kind")
+            found = _PB_KIND.get(which, "null")
             if found not in (kind, "null"):
                 raise Refused("malformed_data", f"data.{key} must be a {kind}, not a {found}")
+            if found != "null":
+                _check_value(key, kind, getattr(value, which))
     if source == "docker":
         devices = fields["Devices"].list_value.values if "Devices" in fields else ()
         for index, device in enumerate(devices):
@@ -293,6 +319,7 @@ def _json_shape(data: Mapping[str, Any], source: str) -> _Shape:
             found = _json_kind(data[key])
             if found not in (kind, "null"):
                 raise Refused("malformed_data", f"data.{key} must be a {kind}, not a {found}")
+            _check_value(key, kind, data[key])
     if source == "docker":
         devices = data.get("Devices") or []
         for index, device in enumerate(devices):

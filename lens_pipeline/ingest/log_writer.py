@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from lens_pipeline.retry import LOG_COMMIT
 from lens_pipeline.store.event_log import append_events, log_transaction
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,10 @@ class LogWriter:
         linger_seconds: float = 0.002,
         max_pending_rows: int = 50_000,
         on_health: Callable[[bool], None] = lambda healthy: None,
+        on_quarantine: Callable[[dict, str], None] = lambda row, reason: None,
     ) -> None:
         self.engine = engine
+        self.on_quarantine = on_quarantine
         self.linger_seconds = linger_seconds
         self.max_pending_rows = max_pending_rows
         self.on_health = on_health
@@ -60,6 +63,7 @@ class LogWriter:
         self._thread = threading.Thread(target=self._run, name="lens-ingest-log-writer", daemon=True)
         self.commits = 0
         self.committed_rows = 0
+        self.retries = 0  # commits tried again (database away), each after a backoff
 
     def start(self) -> None:
         self._thread.start()
@@ -114,14 +118,17 @@ class LogWriter:
     def _commit(self, rows: list[dict]) -> None:
         if not rows:
             return
-        delay = 0.1
-        while True:
+        for delay in LOG_COMMIT.delays():
+            quarantined: list[tuple[dict, str]] = []
             try:
                 with log_transaction(self.engine) as conn:
-                    append_events(conn, rows)
+                    append_events(conn, rows, quarantined)
                 self.commits += 1
                 self.committed_rows += len(rows)
                 self.on_health(True)
+                for row, reason in quarantined:  # kept whole in the dead-letter table, not lost
+                    log.error("event of cluster %s quarantined: %s", row.get("cluster_name"), reason)
+                    self.on_quarantine(row, reason)
                 return
             except (OperationalError, DBAPIError) as exc:
                 # Nothing is acknowledged until the round commits; the agents keep their events.
@@ -136,5 +143,5 @@ class LogWriter:
                 # Not the database's weather: still never lose the round or the writer thread.
                 self.on_health(False)
                 log.exception("event log commit of %d events failed, retrying in %.1f s", len(rows), delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            self.retries += 1
+            time.sleep(delay)

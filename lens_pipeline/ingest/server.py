@@ -114,6 +114,9 @@ class IngestServer:
             linger_seconds=self.config.linger_seconds,
             max_pending_rows=self.config.max_pending_rows,
             on_health=self._set_health_threadsafe,
+            on_quarantine=lambda row, _reason: self.count_refused(
+                row.get("source") or "", row.get("cluster_name") or "", "quarantined"
+            ),
         )
         self._writer.start()
         await self._start_grpc()

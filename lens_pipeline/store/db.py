@@ -8,6 +8,7 @@ SQLITE_BUSY instead of waiting.
 
 from __future__ import annotations
 
+import importlib.util
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -32,8 +33,41 @@ SQLITE_BUSY_TIMEOUT_MS = 60_000
 SQLITE_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
 
 
+# A URL that names no driver gets the first of these that is installed (SQLAlchemy 2.1's own default,
+# psycopg 3 / mysqlclient, is tried first); we ship psycopg2 and PyMySQL.
+_DRIVERS = {
+    "postgresql": ("psycopg", "psycopg2"),
+    "mysql": ("mysqldb", "pymysql"),
+    "mariadb": ("mysqldb", "pymysql"),
+}
+_DRIVER_MODULES = {"psycopg": "psycopg", "psycopg2": "psycopg2", "mysqldb": "MySQLdb", "pymysql": "pymysql"}
+
+
+def with_installed_driver(url: str) -> str:
+    """`url` with a driver that is installed when it names none (`postgresql://`, `mysql://`); a URL
+    that names an uninstalled driver is a clear error."""
+    parsed = make_url(url)
+    backend, driver = (
+        parsed.get_backend_name(),
+        parsed.get_driver_name() if "+" in parsed.drivername else None,
+    )
+    choices = _DRIVERS.get(backend)
+    if choices is None:
+        return url
+    installed = [d for d in choices if importlib.util.find_spec(_DRIVER_MODULES[d]) is not None]
+    if driver is None:
+        if not installed:
+            raise ValueError(f"no {backend} driver installed: pip install {' or '.join(choices)}")
+        return parsed.set(drivername=f"{backend}+{installed[0]}").render_as_string(hide_password=False)
+    if driver in _DRIVER_MODULES and driver not in installed:
+        hint = f"; use {backend}+{installed[0]}://" if installed else ""
+        raise ValueError(f"the database URL names the {driver} driver, which is not installed{hint}")
+    return url
+
+
 def get_engine(url: str) -> Engine:
     """One engine per URL per process (engines own connection pools)."""
+    url = with_installed_driver(url)
     with _LOCK:
         engine = _ENGINES.get(url)
         if engine is None:

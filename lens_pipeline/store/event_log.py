@@ -28,7 +28,12 @@ import orjson
 from google.protobuf import struct_pb2
 from sqlalchemy import Connection, Engine, delete, func, insert, select, text
 
-from lens_pipeline.store.schema import container_event_key, container_event_progress, container_event_segment
+from lens_pipeline.store.schema import (
+    container_event_dead_letter,
+    container_event_key,
+    container_event_progress,
+    container_event_segment,
+)
 from lens_pipeline.store.upsert import bulk_upsert
 
 _LOCK_KEY = zlib.crc32(b"lens-pipeline-container-event-log")
@@ -68,13 +73,26 @@ def log_transaction(engine: Engine) -> Iterator[Connection]:
                 conn.commit()
 
 
-def append_events(conn: Connection, rows: Sequence[dict]) -> int:
+def append_events(conn: Connection, rows: Sequence[dict], quarantined: list | None = None) -> int:
     """Log the events of `rows` (as `lens_pipeline.ingest.events` makes them) that are not logged yet
     (same cluster and `event_key`: a replay, skipped); returns how many were new. Call it inside
-    `log_transaction`, which makes the check and the insert one step for every writer."""
+    `log_transaction`, which makes the check and the insert one step for every writer.
+
+    An event the log format cannot hold goes to the dead-letter table instead, in the same
+    transaction: it never holds back the others, nor is it retried forever."""
     fresh: dict[tuple[str, bytes], dict] = {}
+    unloggable = []
     for row in rows:
-        fresh.setdefault((row["cluster_name"], row["event_key"]), row)
+        try:
+            record = encode_record(row)
+        except (struct.error, ValueError, KeyError, TypeError, UnicodeError) as exc:
+            unloggable.append((row, f"the log format cannot hold this event: {type(exc).__name__}: {exc}"))
+            continue
+        fresh.setdefault((row["cluster_name"], row["event_key"]), {**row, "record": record})
+    if unloggable:
+        quarantine(conn, "log", [(_dead_letter_row(row), reason) for row, reason in unloggable])
+        if quarantined is not None:
+            quarantined.extend(unloggable)
     by_cluster: dict[str, list[dict]] = {}
     for (cluster, _), row in fresh.items():
         by_cluster.setdefault(cluster, []).append(row)
@@ -143,7 +161,7 @@ def _segment_values(cluster: str, rows: list[dict]) -> dict:
         "events": len(rows),
         "to_process": sum(1 for row in rows if row["needs_processing"]),
         "received_at": max(row["received_at"] for row in rows),
-        "payload": [SEGMENT_VERSION, *(encode_record(row) for row in rows)],
+        "payload": [SEGMENT_VERSION, *(row["record"] for row in rows)],
     }
 
 
@@ -169,6 +187,69 @@ def encode_record(row: dict) -> bytes:
         len(parts[4]),
     )
     return b"".join((header, *parts))
+
+
+def dead_letter_row(cluster: str, event: LoggedEvent) -> dict:
+    """A logged event as a dead-letter row (its payload as it was logged)."""
+    return {
+        "cluster_name": cluster,
+        "source": event.source,
+        "event_type": event.event_type,
+        "container_id": event.container_id,
+        "node_name": event.node_name,
+        "event_id": event.event_id,
+        "log_segment_id": event.id,
+        "payload": bytes(event.payload),
+        "received_at": event.received_at,
+    }
+
+
+def _dead_letter_row(row: dict) -> dict:
+    return {
+        "cluster_name": row.get("cluster_name", ""),
+        "source": row.get("source"),
+        "event_type": row.get("event_type"),
+        "container_id": row.get("container_id"),
+        "node_name": row.get("node_name"),
+        "event_id": row.get("event_id"),
+        "payload": row.get("payload") or b"",
+        "received_at": row.get("received_at"),
+    }
+
+
+def quarantine(conn: Connection, stage: str, events: Sequence[tuple[dict, str]]) -> int:
+    """Keep `events` ((dead-letter row, reason) pairs) in `container_event_dead_letter`: what was
+    received, whole, with where and why it could not go on. Text is cut to the columns' sizes and
+    cleared of NUL (which PostgreSQL text refuses), so the quarantine itself cannot fail on it."""
+    if not events:
+        return 0
+    now = datetime.now(UTC)
+    rows = []
+    for row, reason in events:
+        clean = {
+            key: _printable(value, container_event_dead_letter.c[key].type.length)
+            if isinstance(value, str)
+            else value
+            for key, value in row.items()
+        }
+        rows.append({**clean, "stage": stage, "reason": _printable(reason, 1024), "created_at": now})
+    conn.execute(insert(container_event_dead_letter), rows)
+    return len(rows)
+
+
+def _printable(text: str, limit: int | None) -> str:
+    text = text.replace("\x00", "\\0")
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+def dead_letters(conn: Connection, cluster: str | None = None) -> list[dict]:
+    """The quarantined events (of one cluster), oldest first."""
+    query = select(container_event_dead_letter).order_by(container_event_dead_letter.c.id)
+    if cluster is not None:
+        query = query.where(container_event_dead_letter.c.cluster_name == cluster)
+    return [dict(row) for row in conn.execute(query).mappings()]
 
 
 def _copy_segment(conn: Connection, segment_id: int, values: dict) -> None:

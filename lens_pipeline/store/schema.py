@@ -244,6 +244,8 @@ pod_resource = Table(
     Column("gpu_model", String(128)),
     Column("gpu_allocated", Integer),
     Column("created_at", UTCDateTime()),
+    # When the pod was bound to a node (its GPUs held from then): NULL for one never scheduled.
+    Column("bound_at", UTCDateTime()),
     Column("end_at", UTCDateTime()),
     UniqueConstraint("cluster_name", "uid"),
 )
@@ -353,6 +355,29 @@ container_event_progress = Table(
     Column("last_log_id", BigInteger, nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     UniqueConstraint("cluster_name"),
+)
+
+# Events that were accepted but could not be logged or applied (a value the log format or the
+# database cannot hold, data that does not decode, a time out of range): kept whole with why, so
+# that processing moves past them and nothing is lost. `stage` is where it failed: log, processing.
+container_event_dead_letter = Table(
+    "container_event_dead_letter",
+    lens_metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    _cluster(),
+    Column("stage", String(32), nullable=False),
+    Column("reason", String(1024), nullable=False),
+    Column("source", String(16)),
+    Column("event_type", String(256)),
+    Column("container_id", String(1024)),
+    Column("node_name", String(1024)),
+    Column("event_id", String(1024)),
+    Column("log_segment_id", BigInteger),  # where it is in the log, when it got there
+    Column("payload", LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb"), nullable=False),
+    Column("received_at", UTCDateTime()),
+    Column("created_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "id"),
+    sqlite_autoincrement=True,
 )
 
 # §1.15

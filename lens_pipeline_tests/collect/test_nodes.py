@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from lens_pipeline.collect.nodes import gpu_node_rows, node_row, project_node
-from lens_pipeline.collect.pods import allocation_by_node, pod_gpus, project_gpu_pod
+from lens_pipeline.collect.pods import allocation_by_node, pod_gpus, pod_resource_row, project_gpu_pod
 from lens_pipeline.collect.problems import MalformedObject, Problem
 from lens_pipeline.vendors import AMD, NVIDIA, profiles_for
 
@@ -181,3 +181,43 @@ def test_only_bound_pending_or_running_pods_hold_gpus():
 def test_node_row_requires_a_name():
     with pytest.raises(MalformedObject, match=r"metadata\.name"):
         node_row({"metadata": {}, "status": {"capacity": {}}}, NVIDIA, allocated=0, utilization=None)
+
+
+def _timed_pod(phase, node, conditions=(), start=None, finished=None, deleted=None):
+    pod = _pod([_container({"amd.com/gpu": "2"})], phase=phase, node=node)
+    pod["metadata"]["creationTimestamp"] = "2026-11-01T00:00:00Z"
+    if deleted:
+        pod["metadata"]["deletionTimestamp"] = deleted
+    pod["status"]["conditions"] = [
+        {"type": kind, "status": "True", "lastTransitionTime": when} for kind, when in conditions
+    ]
+    if start:
+        pod["status"]["startTime"] = start
+    if finished:
+        pod["status"]["containerStatuses"] = [
+            {"name": "c", "state": {"terminated": {"finishedAt": finished}}}
+        ]
+    return project_gpu_pod(pod, ("amd.com/gpu",))
+
+
+def test_gpus_are_held_from_binding_to_the_end_not_from_creation():
+    """A pod that never got a node held nothing; one evicted or done held its GPUs from its
+    scheduling to its end (not from its creation, which may be days of Pending before)."""
+    never = pod_resource_row(_timed_pod("Pending", None), "MI300X")
+    assert never["bound_at"] is None and never["end_at"] is None
+    evicted = _timed_pod(
+        "Failed",
+        "gpu-1",
+        conditions=[("PodScheduled", "2026-11-03T00:00:00Z")],
+        start="2026-11-03T00:00:05Z",
+        finished="2026-11-03T06:00:00Z",
+    )
+    row = pod_resource_row(evicted, "MI300X")
+    assert (row["bound_at"].isoformat(), row["end_at"].isoformat()) == (
+        "2026-11-03T00:00:00+00:00",
+        "2026-11-03T06:00:00+00:00",
+    )
+    done = pod_resource_row(
+        _timed_pod("Succeeded", "gpu-1", start="2026-11-02T00:00:00Z", finished="2026-11-02T01:00:00Z"), ""
+    )
+    assert done["bound_at"].isoformat() == "2026-11-02T00:00:00+00:00"  # no condition: the start time

@@ -7,12 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import inspect, select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
 from lens_pipeline.store.db import get_engine, write_transaction
 from lens_pipeline.store.migrate import current_revision, ensure_schema, head_revision, upgrade
 from lens_pipeline.store.schema import LENS_TABLES, SAFE_TABLES, logical_key, node, node_statistic
 from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
+from lens_pipeline_tests.conftest import _server_database
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -251,3 +253,19 @@ def test_safe_tables_live_in_their_own_database(db_urls):
         (value,) = conn.execute(select(node_statistic.c.gpu_utilization)).one()
     assert float(value) == 50.25
     assert "node" not in inspect(engine).get_table_names()
+
+
+@pytest.mark.parametrize("dialect", ["postgresql", "mysql"])
+def test_a_url_without_a_driver_uses_the_installed_one(dialect):
+    """`postgresql://` and `mysql://` name SQLAlchemy's default drivers (psycopg 3, mysqlclient),
+    which are not installed: the installed ones are used; a URL naming an absent one is a clear error."""
+    for url in _server_database(dialect, "url"):
+        bare = make_url(url).set(drivername=dialect).render_as_string(hide_password=False)
+        assert "+" not in bare.split("://")[0]
+        engine = get_engine(bare)
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+        assert engine.dialect.driver in ("psycopg2", "pymysql")
+    absent = "postgresql+psycopg://u@h/db" if dialect == "postgresql" else "mysql+mysqldb://u@h/db"
+    with pytest.raises(ValueError, match="not installed"):
+        get_engine(absent)

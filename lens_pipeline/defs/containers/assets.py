@@ -17,6 +17,7 @@ from dagster import (
     AssetExecutionContext,
     Config,
     MaterializeResult,
+    MetadataValue,
     asset,
 )
 from google.protobuf.message import DecodeError
@@ -29,7 +30,15 @@ from lens_pipeline.defs.partitions import cluster_partitions
 from lens_pipeline.defs.resources import LensDatabase
 from lens_pipeline.store.containers import stored_containers, write_container_rows
 from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.event_log import last_id, processed_up_to, prune, read_events, set_processed_up_to
+from lens_pipeline.store.event_log import (
+    dead_letter_row,
+    last_id,
+    processed_up_to,
+    prune,
+    quarantine,
+    read_events,
+    set_processed_up_to,
+)
 
 # Events per transaction: on SQLite the ingest sidecar waits for the write lock meanwhile.
 CHUNK_EVENTS = 2000
@@ -56,8 +65,14 @@ class ContainerEventsConfig(Config):
         AssetCheckSpec(
             "every_event_readable",
             asset="container_events",
-            description="Every logged event's data could be decoded and applied.",
-        )
+            description="Every logged event's devices could be read.",
+        ),
+        AssetCheckSpec(
+            "no_event_quarantined",
+            asset="container_events",
+            description="No event had to be set aside (undecodable, or values no table can hold); "
+            "those are kept whole in `container_event_dead_letter` and processing moved past them.",
+        ),
     ],
 )
 def container_events(
@@ -67,6 +82,7 @@ def container_events(
     engine = lens_db.engine()
     started = datetime.now(UTC)
     problems: list[Problem] = []
+    quarantined: list[str] = []
     totals = {"events": 0, "containers": 0, "devices": 0, "events_written": 0}
     first_watermark = watermark = horizon = None
     sample: dict[str, dict] = {}
@@ -81,18 +97,12 @@ def container_events(
                 break
             chunk = read_events(conn, cluster, watermark, horizon, CHUNK_EVENTS)
             upto = chunk.up_to_id
-            records = []
+            records, unusable = [], []
             for logged in chunk.events:
                 try:
                     data = logged.data()
-                except (DecodeError, orjson.JSONDecodeError) as exc:
-                    problems.append(
-                        Problem(
-                            "ContainerEvent",
-                            f"log segment {logged.id} event {logged.index}",
-                            f"undecodable data: {exc}",
-                        )
-                    )
+                except (DecodeError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
+                    unusable.append((logged, f"undecodable data: {exc}"))
                     continue
                 records.append(
                     ContainerEventRecord(
@@ -103,12 +113,19 @@ def container_events(
                         logged.node_name,
                         data,
                         logged.received_at,
+                        ref=logged,
                     )
                 )
             if records and oldest_received is None:
                 oldest_received = records[0].received_at
             rows = apply_events(records, stored_containers(conn, cluster, {r.container_id for r in records}))
             problems.extend(rows.problems)
+            unusable += [(record.ref, reason) for record, reason in rows.unusable]
+            # Kept whole with why, in this transaction: the watermark moves past them.
+            quarantine(conn, "processing", [(dead_letter_row(cluster, e), why) for e, why in unusable])
+            quarantined += [
+                f"log segment {e.id} event {e.index} ({e.container_id[:64]}): {why}" for e, why in unusable
+            ]
             written = write_container_rows(conn, cluster, rows)
             set_processed_up_to(conn, cluster, upto, datetime.now(UTC))
         watermark = upto
@@ -126,6 +143,8 @@ def container_events(
         )
     for problem in problems[:MAX_LOGGED_PROBLEMS]:
         context.log.warning(f"cluster {cluster}: skipped {problem}")
+    for what in quarantined[:MAX_LOGGED_PROBLEMS]:
+        context.log.error(f"cluster {cluster}: quarantined {what}")
     backlog = max(0, (horizon or 0) - (watermark or 0))
     return MaterializeResult(
         metadata={
@@ -147,6 +166,7 @@ def container_events(
                 list(sample.values())[:50],
                 ("container_id", "container_name", "pod_name", "status", "node_name"),
             ),
+            "events_quarantined": len(quarantined),
             **problems_metadata(problems),
         },
         check_results=[
@@ -155,6 +175,16 @@ def container_events(
                 passed=not problems,
                 severity=AssetCheckSeverity.WARN,
                 metadata={"unreadable_events": len(problems)},
-            )
+            ),
+            AssetCheckResult(
+                check_name="no_event_quarantined",
+                passed=not quarantined,
+                severity=AssetCheckSeverity.WARN,
+                metadata={
+                    "quarantined": len(quarantined),
+                    "events": MetadataValue.json(quarantined[:20]),
+                    "where": "table container_event_dead_letter",
+                },
+            ),
         ],
     )

@@ -1,0 +1,46 @@
+"""How everything that retries waits: exponential backoff with jitter and a cap, in one place.
+
+A retry without a wait is a tight loop that burns a core while what it waits for is away; a retry
+without jitter makes every client come back at the same instant. The budgets of each layer are in
+docs/OPERATIONS.md.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits of `first` seconds, times `factor` each time, never over `cap`; each wait is drawn
+    between (1 - jitter) and 1 times its nominal value ("equal jitter")."""
+
+    first: float = 0.1
+    factor: float = 2.0
+    cap: float = 5.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (0 < self.first <= self.cap and self.factor >= 1 and 0 <= self.jitter <= 1):
+            raise ValueError(f"a backoff needs 0 < first <= cap, factor >= 1, 0 <= jitter <= 1: {self}")
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """The wait before retry number `attempt` (1 for the first retry)."""
+        nominal = min(self.cap, self.first * self.factor ** max(0, attempt - 1))
+        draw = (rng or random).random()
+        return nominal * (1 - self.jitter * draw)
+
+    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
+        """The waits of retries 1, 2, 3... (endless: the caller bounds the attempts)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            yield self.delay(attempt, rng)
+
+
+# The log writer retries a commit until the database is back (nothing is acknowledged meanwhile).
+LOG_COMMIT = Backoff(first=0.1, factor=2.0, cap=5.0)
+# A Kubernetes GET that met a transient error (5xx, 429, refused, timeout): `max_retries` of these.
+KUBE_REQUEST = Backoff(first=0.5, factor=2.0, cap=8.0)
