@@ -44,3 +44,6 @@ class Backoff:
 LOG_COMMIT = Backoff(first=0.1, factor=2.0, cap=5.0)
 # A Kubernetes GET that met a transient error (5xx, 429, refused, timeout): `max_retries` of these.
 KUBE_REQUEST = Backoff(first=0.5, factor=2.0, cap=8.0)
+# A Prometheus query that met a gateway error (429, 502, 503, 504): `PromReader.retries` of these,
+# waited by urllib3 (its factor, cap and jitter are these).
+PROM_REQUEST = Backoff(first=0.2, factor=2.0, cap=2.0)

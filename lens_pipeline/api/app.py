@@ -478,7 +478,15 @@ class _FleetCollector:
         self.engine = engine
 
     def collect(self) -> Any:
-        rates, consumers = queries.metrics_rows(self.engine)
+        rates, consumers, quarantined = queries.metrics_rows(self.engine)
+        letters = CounterMetricFamily(
+            "lens_container_events_quarantined",
+            "Container events set aside in container_event_dead_letter (could not be logged or applied)",
+            labels=["cluster", "stage"],
+        )
+        for row in quarantined:
+            letters.add_metric([row["cluster_name"], row["stage"]], float(row["events"]))
+        yield letters
         rate = GaugeMetricFamily(
             "gpu_allocation_rate", "Allocated GPUs of healthy GPU nodes, percent (0-100)", labels=["cluster"]
         )

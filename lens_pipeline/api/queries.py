@@ -16,6 +16,7 @@ from lens_pipeline.collect.overview import OVERVIEW_FIGURES, overview_row, weigh
 from lens_pipeline.store.overview import overview_nodes
 from lens_pipeline.store.schema import (
     cluster_overview_cache,
+    container_event_dead_letter,
     gpu_consumers,
     gpu_device,
     gpu_pods,
@@ -339,14 +340,22 @@ def workload_tree(conn: Connection, cluster: str, uid: str) -> Row | None:
     return build(root, frozenset({uid}))
 
 
-def metrics_rows(engine: Engine) -> tuple[list[Row], list[Row]]:
-    """Every cluster's allocation rate and every consumer, for `/metrics`."""
+def metrics_rows(engine: Engine) -> tuple[list[Row], list[Row], list[Row]]:
+    """Every cluster's allocation rate, every consumer, and the quarantined container events per
+    cluster and stage, for `/metrics`."""
+    letters = container_event_dead_letter.c
     with engine.connect() as conn:
         rates = _rows(
             conn, select(cluster_overview_cache.c.cluster_name, cluster_overview_cache.c.allocation_rate)
         )
         consumer_rows = _rows(conn, select(gpu_consumers))
-    return rates, consumer_rows
+        quarantined = _rows(
+            conn,
+            select(letters.cluster_name, letters.stage, func.count().label("events")).group_by(
+                letters.cluster_name, letters.stage
+            ),
+        )
+    return rates, consumer_rows, quarantined
 
 
 def unix(value: datetime | None) -> int:

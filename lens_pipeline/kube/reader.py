@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import orjson
@@ -29,6 +29,7 @@ from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
 
 from lens_pipeline.clusters import ClusterConfig
+from lens_pipeline.retry import KUBE_REQUEST
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -141,6 +142,10 @@ class KubeReader:
         self.max_restarts = max_restarts
         self.max_retries = max_retries
         self.backoff_seconds = backoff_seconds
+        # Exponential, jittered, capped (lens_pipeline.retry); the first wait is `backoff_seconds`.
+        self.backoff = replace(
+            KUBE_REQUEST, first=backoff_seconds, cap=max(backoff_seconds, KUBE_REQUEST.cap)
+        )
         self.stats = ListStats()
         self._api: k8s_client.ApiClient | None = None
         # Set when the API could not be reached at all: later requests of this reader fail at
@@ -260,7 +265,7 @@ class KubeReader:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 self.stats.retries += 1
-                time.sleep(self.backoff_seconds * 2 ** (attempt - 1))
+                time.sleep(self.backoff.delay(attempt))
             self.stats.requests += 1
             self.stats.by_path[path] = self.stats.by_path.get(path, 0) + 1
             try:

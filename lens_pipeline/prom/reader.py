@@ -14,6 +14,8 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
+from lens_pipeline.retry import PROM_REQUEST
+
 # How far back the metric and label names are looked up: recent enough that what was renamed or
 # removed is not seen, long enough for a few scrapes of a slow scrape interval.
 LOOKBACK_SECONDS = 600.0
@@ -62,9 +64,12 @@ class PromReader:
     def client(self) -> PrometheusConnect:
         if self._client is None:
             # Transient gateway errors are retried a little, then reported; the run never hangs on them.
+            # urllib3's own backoff, set from the one table (lens_pipeline.retry).
             retry = Retry(
                 total=self.retries,
-                backoff_factor=0.2,
+                backoff_factor=PROM_REQUEST.first,
+                backoff_max=PROM_REQUEST.cap,
+                backoff_jitter=PROM_REQUEST.first * PROM_REQUEST.jitter,
                 status_forcelist=(429, 502, 503, 504),
                 allowed_methods=("GET", "POST"),
             )

@@ -12,8 +12,10 @@ from datetime import UTC, datetime
 import orjson
 import pytest
 from dagster import instance_for_test, materialize
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from lens_pipeline.api.app import create_app
 from lens_pipeline.defs.containers.assets import container_events
 from lens_pipeline.defs.resources import LensDatabase
 from lens_pipeline.ingest.events import Origin, Refused, from_json
@@ -133,6 +135,9 @@ def test_events_that_cannot_be_applied_are_set_aside_and_the_cluster_moves_on(le
     assert all(letter["stage"] == "processing" and letter["payload"] for letter in letters)
     again, check = _run_container_events(lens_url)
     assert again["events_processed"].value == 0 and check.passed
+    # Prometheus sees them too, from the read API.
+    metrics = TestClient(create_app(engine)).get("/metrics").text
+    assert 'lens_container_events_quarantined_total{cluster="east",stage="processing"} 2.0' in metrics
 
 
 def test_an_http_event_past_the_limits_is_a_400_naming_the_field_and_the_others_go_on(sqlite_url):
