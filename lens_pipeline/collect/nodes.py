@@ -92,6 +92,8 @@ def node_row(
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         raise MalformedObject("missing metadata.name")
+    if "\x00" in name:
+        raise MalformedObject("metadata.name contains a NUL character")
     status = mapping(node, "status", required=True)
     capacity = mapping(status, "capacity", required=True)
     info = mapping(status, "nodeInfo")

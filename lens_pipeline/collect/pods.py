@@ -126,6 +126,22 @@ def project_gpu_pod(pod: object, resources: tuple[str, ...]) -> GpuPod | Problem
         for field in ("name", "namespace", "uid"):
             if not isinstance(metadata.get(field), str) or not metadata[field]:
                 raise MalformedObject(f"missing metadata.{field}")
+        # What the rows and tables take as text or as a mapping must be one: a number or a list
+        # there would be stored as something it is not (or refused by the database).
+        for path, value, kind in (
+            ("metadata.name", metadata["name"], str),
+            ("metadata.namespace", metadata["namespace"], str),
+            ("metadata.uid", metadata["uid"], str),
+            ("spec.nodeName", spec.get("nodeName"), str),
+            ("status.phase", status.get("phase"), str),
+            ("status.podIP", status.get("podIP"), str),
+            ("metadata.labels", metadata.get("labels"), dict),
+            ("metadata.annotations", metadata.get("annotations"), dict),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise MalformedObject(f"{path} should be a {'string' if kind is str else 'mapping'}")
+            if kind is str and value and "\x00" in value:
+                raise MalformedObject(f"{path} contains a NUL character")
         slim = {
             "metadata": {k: metadata[k] for k in KEPT_METADATA if k in metadata},
             "spec": {

@@ -176,3 +176,89 @@ def test_bad_prometheus_answers_are_counted_and_named_and_overwrite_nothing(sim,
         if key != (node_name, 1):
             assert stored[key]["serial"] == expected["serial"]
             assert stored[key]["utilization"] == pytest.approx(expected["utilization"]), key
+
+
+MALFORMED_POD_MUTATIONS = {
+    "no metadata": lambda pod: pod.pop("metadata"),
+    "metadata a list": lambda pod: pod.update(metadata=[1]),
+    "name a number": lambda pod: pod["metadata"].update(name=5),
+    "no uid": lambda pod: pod["metadata"].pop("uid"),
+    "NUL in the name": lambda pod: pod["metadata"].update(name=pod["metadata"]["name"] + "\x00"),
+    "resourceVersion not a number": lambda pod: pod["metadata"].update(resourceVersion="abc"),
+    "creation time not a time": lambda pod: pod["metadata"].update(creationTimestamp="yesterday"),
+    "owners a mapping": lambda pod: pod["metadata"].update(ownerReferences={"x": 1}),
+    "labels a list": lambda pod: pod["metadata"].update(labels=[1, 2]),
+    "no spec": lambda pod: pod.pop("spec"),
+    "containers a mapping": lambda pod: pod["spec"].update(containers={"a": 1}),
+    "GPUs not a number": lambda pod: pod["spec"]["containers"][0]["resources"]["requests"].update(
+        {"amd.com/gpu": "lots"}
+    ),
+    "node a number": lambda pod: pod["spec"].update(nodeName=12),
+    "status a list": lambda pod: pod.update(status=[1]),
+    "phase a number": lambda pod: pod["status"].update(phase=7),
+    "conditions a mapping": lambda pod: pod["status"].update(conditions={"x": 1}),
+}
+MALFORMED_NODE_MUTATIONS = {
+    "name a number": lambda node: node["metadata"].update(name=5),
+    "GPU capacity not a quantity": lambda node: node["status"]["capacity"].update({"amd.com/gpu": "eight"}),
+    "capacity a list": lambda node: node["status"].update(capacity=[1]),
+    "conditions a mapping": lambda node: node["status"].update(conditions={"a": 1}),
+    "taints a mapping": lambda node: node["spec"].update(taints={"a": 1}),
+    "addresses a mapping": lambda node: node["status"].update(addresses={"a": 1}),
+    "labels a list": lambda node: node["metadata"].update(labels=[1]),
+}
+
+
+def test_ten_thousand_generated_malformed_objects_and_series_are_counted_and_lose_nothing(sim, sqlite_url):
+    """Real objects of the cluster, each broken in one of many ways (seeded), thousands of them,
+    and thousands of Prometheus series naming no node or no GPU: the run succeeds, every broken
+    object is counted, and every row of the real objects is as the truth says."""
+    import copy
+    import random
+
+    cluster, server, registry, instance = sim
+    assert run(cluster, registry, instance, sqlite_url).success
+    rng = random.Random(5)
+    real_pods = [cluster.pod(*key.split("/", 1)) for key in _gpu_pod_keys(cluster)]
+    real_nodes = [cluster.node(name) for name in cluster.node_names()]
+    pods, nodes = set(), set()
+    for index in range(7000):
+        pod = copy.deepcopy(rng.choice(real_pods))
+        pod["metadata"]["name"] = f"broken-{index}"
+        pod["metadata"]["uid"] = f"broken-uid-{index}"
+        rng.choice(list(MALFORMED_POD_MUTATIONS.values()))(pod)
+        pods.add(cluster.inject_raw("pods", pod))
+    for index in range(1000):
+        broken = copy.deepcopy(rng.choice(real_nodes))
+        broken["metadata"]["name"] = f"broken-node-{index}"
+        rng.choice(list(MALFORMED_NODE_MUTATIONS.values()))(broken)
+        nodes.add(cluster.inject_raw("nodes", broken))
+    util, labels = cluster.profile.util_metric, {"gpu_id": "0", "serial_number": "S"}
+    series = [(util, {**labels, "hostname": f"ghost-{i}"}, 1.0) for i in range(1500)]
+    series += [(util, {"hostname": cluster.node_names()[0], "gpu_id": f"x{i}"}, 1.0) for i in range(500)]
+    cluster.inject_series("stray-exporter", "10.9.9.9:5000", series)
+    assert len(pods) + len(nodes) + len(series) >= 10_000
+
+    result = run(cluster, registry, instance, sqlite_url)
+    assert result.success
+    assert metadata(result, "gpu_pods")["malformed_objects"] == len(pods)
+    assert metadata(result, "gpu_nodes")["malformed_objects"] >= len(nodes)
+    _passed, devices = _check(result, "devices_on_known_nodes")
+    assert devices["gpu_series_naming_no_node"] == 1500
+    _passed, formed = _check(result, "series_well_formed")
+    assert formed["series_without_gpu_index"] == 500
+
+    expected = truth(server, cluster.name)
+    stored = {r["uid"]: r for r in table(sqlite_url, gpu_pods, cluster.name)}
+    for want in expected["pods"]:
+        assert {c: stored[want["uid"]][c] for c in POD_COLUMNS} == {c: want[c] for c in POD_COLUMNS}
+    assert not any(uid.startswith("broken") for uid in stored)
+    names = {r["name"] for r in table(sqlite_url, node, cluster.name)}
+    assert {n["name"] for n in expected["nodes"]} <= names and not any(n.startswith("broken") for n in names)
+    devices_stored = {(r["node_name"], r["gpu_id"]) for r in table(sqlite_url, gpu_device, cluster.name)}
+    assert {(d["node_name"], d["gpu_id"]) for d in expected["gpu_devices"]} <= devices_stored
+    assert not any(n.startswith("ghost") for n, _ in devices_stored)
+
+
+def _gpu_pod_keys(cluster) -> list[str]:
+    return [f"{p['namespace']}/{p['name']}" for p in cluster.truth()["pods"]]
