@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -128,3 +132,15 @@ def stream_and_kill(grpc_port: int, events: list[bytes], kill_at: int, kill: Cal
         except grpc.RpcError as exc:
             assert exc.code() == grpc.StatusCode.UNAVAILABLE, exc
     return acked
+
+
+def post_json(server: IngestServer, path: str, body: Any, token: str | None = None) -> tuple[int, dict]:
+    """POST `body` (JSON, or bytes as they are) to the sidecar's HTTP port: (status, JSON answer)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"content-type": "application/json", **({"authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}{path}", data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())

@@ -25,8 +25,8 @@ from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.event_log import append_events, dead_letters, encode_record, log_transaction
 from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.schema import node_container
-from lens_pipeline_tests.ingest.support import container_id, gpu_container, ingest_server, logged
-from lens_pipeline_tests.ingest.test_wire import _http_event, _post
+from lens_pipeline_tests.ingest.support import container_id, gpu_container, ingest_server, logged, post_json
+from lens_pipeline_tests.ingest.test_wire import _http_event
 
 ORIGIN = Origin("k8s", None, "east")
 
@@ -142,9 +142,9 @@ def test_events_that_cannot_be_applied_are_set_aside_and_the_cluster_moves_on(le
 
 def test_an_http_event_past_the_limits_is_a_400_naming_the_field_and_the_others_go_on(sqlite_url):
     with ingest_server(sqlite_url) as server:
-        status, answer = _post(server, "/v1/container-events", {**_http_event(1), "event_id": "é" * 128})
+        status, answer = post_json(server, "/v1/container-events", {**_http_event(1), "event_id": "é" * 128})
         assert status == 400 and "event_id" in answer["errors"][0]["message"]
-        status, answer = _post(
+        status, answer = post_json(
             server,
             "/v1/container-events/batch",
             {

@@ -20,7 +20,14 @@ from lens_pipeline.ingest.config import Tokens
 from lens_pipeline.sim import node_agent as agent
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.schema import node_container, node_container_devices, node_container_event
-from lens_pipeline_tests.ingest.support import channel, container_id, gpu_container, ingest_server, logged
+from lens_pipeline_tests.ingest.support import (
+    channel,
+    container_id,
+    gpu_container,
+    ingest_server,
+    logged,
+    post_json,
+)
 
 
 def _materialize(lens_url: str, cluster: str = "east") -> dict:
@@ -178,12 +185,12 @@ def test_a_wrong_or_missing_token_is_refused_and_writes_nothing(sqlite_url):
         for metadata in ([], [("authorization", "Bearer nope")], [("authorization", "Basic east-secret")]):
             result = agent.stream_events(ch, [raw], metadata=metadata)
             assert result.code == grpc.StatusCode.UNAUTHENTICATED and result.acked == 0
-        status, _ = _post(server, "/v1/container-events", _http_event(1), token="nope")
+        status, _ = post_json(server, "/v1/container-events", _http_event(1), token="nope")
         assert status == 401
         assert _log_count(sqlite_url) == 0
         result = agent.stream_events(ch, [raw], metadata=[("authorization", "Bearer west-secret")])
         assert (result.code, result.acked) == (None, 1)
-        status, answer = _post(server, "/v1/container-events", _http_event(2), token="east-secret")
+        status, answer = post_json(server, "/v1/container-events", _http_event(2), token="east-secret")
         assert (status, answer) == (200, {"total": 1, "success": 1, "error": 0})
     assert {(e.cluster, e.container_id) for e in logged(sqlite_url)} == {
         ("west", container_id(1)),
@@ -202,39 +209,28 @@ def _http_event(index: int, **overrides) -> dict:
     }
 
 
-def _post(server, path: str, body, token: str | None = None) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = {"content-type": "application/json", **({"authorization": f"Bearer {token}"} if token else {})}
-    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}{path}", data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(request) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
 def test_the_http_form_answers_as_the_later_original(sqlite_url):
     with ingest_server(sqlite_url, max_event_bytes=8192) as server:
-        assert _post(server, "/v1/container-events", _http_event(1)) == (
+        assert post_json(server, "/v1/container-events", _http_event(1)) == (
             200,
             {"total": 1, "success": 1, "error": 0},
         )
-        status, answer = _post(
+        status, answer = post_json(
             server,
             "/v1/container-events/batch",
             {"events": [_http_event(2), _http_event(3, type="Nope"), _http_event(4)]},
         )
         assert status == 206 and (answer["total"], answer["success"], answer["error"]) == (3, 2, 1)
         assert answer["errors"][0]["index"] == 1 and answer["errors"][0]["reason"] == "unknown_type"
-        status, answer = _post(
+        status, answer = post_json(
             server, "/v1/container-events/batch", {"events": [_http_event(5, source="podman")]}
         )
         assert status == 400 and answer["error"] == 1
-        assert _post(server, "/v1/container-events", b"{not json")[0] == 400
-        assert _post(server, "/v1/container-events", b'{"type": "\xff"}')[0] == 400  # invalid UTF-8
-        assert _post(server, "/v1/container-events", b"x" * (17 << 20))[0] == 413
+        assert post_json(server, "/v1/container-events", b"{not json")[0] == 400
+        assert post_json(server, "/v1/container-events", b'{"type": "\xff"}')[0] == 400  # invalid UTF-8
+        assert post_json(server, "/v1/container-events", b"x" * (17 << 20))[0] == 413
         # The same event again (same container_id + type + data) is acknowledged and not stored twice.
-        assert _post(server, "/v1/container-events", _http_event(1))[0] == 200
+        assert post_json(server, "/v1/container-events", _http_event(1))[0] == 200
         with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/healthz") as response:
             assert json.loads(response.read()) == {"status": "SERVING"}
     assert _log_count(sqlite_url) == 3
