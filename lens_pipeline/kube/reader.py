@@ -79,10 +79,18 @@ class ListStats:
 def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
     """An ApiClient configured the way the registry entry says (kubeconfig, in-cluster, or token)."""
     try:
-        if cluster.kubeconfig:
-            return k8s_config.new_client_from_config(config_file=cluster.kubeconfig, context=cluster.context)
         configuration = k8s_client.Configuration()
-        if cluster.in_cluster:
+        # The reader retries itself, with backoff (lens_pipeline.retry); urllib3's own three retries
+        # underneath would make each attempt four requests and a slow API four times as slow.
+        configuration.retries = 0
+        if cluster.kubeconfig:
+            k8s_config.load_kube_config(
+                config_file=cluster.kubeconfig,
+                context=cluster.context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        elif cluster.in_cluster:
             k8s_config.load_incluster_config(client_configuration=configuration)
         else:
             configuration.host = cluster.server

@@ -389,7 +389,13 @@ def _sync(
     settled: ColumnElement[bool] | None,
 ) -> SyncResult:
     key = logical_key(table)
-    compare = list(compare) if compare is not None else [c for c in (rows[0] if rows else {}) if c not in key]
+    if compare is None:
+        # The rows' own columns; with no row at all, every column, so that what decides about the
+        # rows that vanished (`vanish_filter`, `on_vanish`) can read any of them.
+        columns = rows[0] if rows else [c.name for c in table.c]
+        compare = [c for c in columns if c not in key]
+    else:
+        compare = list(compare)
     has_created = "created_at" in table.c
     has_updated = "updated_at" in table.c
     where = and_(*(table.c[k] == v for k, v in scope.items()))
