@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from lens_pipeline.clusters import ClusterConfig
-from lens_pipeline.kube.reader import KubeError, KubeReader, _peek_continue, paused_gc
+from lens_pipeline.kube.reader import KubeError, KubeReader, _peek_continue
+from lens_pipeline.memory import paused_gc
 
 ITEMS = [{"metadata": {"name": f"pod-{n:03d}"}} for n in range(23)]
 

@@ -56,7 +56,7 @@ from lens_pipeline.defs.resources import (
     PrometheusResource,
     SafeDatabase,
 )
-from lens_pipeline.kube.reader import paused_gc
+from lens_pipeline.memory import paused_gc
 
 # gpu_devices comes after gpu_pods (its queries are asked while gpu_pods works: listing is done then,
 # so Prometheus does not slow the API's pages) and before gpu_workloads (its answers are let go

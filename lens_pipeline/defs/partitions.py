@@ -4,12 +4,20 @@ by `cluster_registry_sensor`; and which clusters the runs in flight are working 
 from collections.abc import Collection, Mapping, Sequence
 
 from dagster import DagsterInstance, DagsterRunStatus, DynamicPartitionsDefinition, RunsFilter
-from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
-from dagster._core.storage.tags import (
-    ASSET_PARTITION_RANGE_END_TAG,
-    ASSET_PARTITION_RANGE_START_TAG,
-    PARTITION_NAME_TAG,
+
+# Dagster's documented run tags for the partition (or range of partitions) a run materializes; the
+# public API names no constant for them.
+PARTITION_NAME_TAG = "dagster/partition"
+ASSET_PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
+ASSET_PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
+# Run statuses, from the public enum.
+IN_PROGRESS_RUN_STATUSES = (
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+    DagsterRunStatus.SUSPENDED,
 )
+FINISHED_STATUSES = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
 
 CLUSTER_PARTITIONS_NAME = "cluster"
 cluster_partitions = DynamicPartitionsDefinition(name=CLUSTER_PARTITIONS_NAME)

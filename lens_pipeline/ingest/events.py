@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from lens_pipeline.clusters import validate_cluster_name
 from lens_pipeline.ingest import exporter_pb2
+from lens_pipeline.protowire import WireError, length_delimited_fields
 
 ContainerEvent = exporter_pb2.ContainerEvent
 
@@ -165,38 +166,19 @@ def split_batch(raw: bytes) -> tuple[list[bytes], str]:
     (each is then checked alone, so one bad event does not sink its neighbours)."""
     events: list[bytes] = []
     source = "k8s"
-    i, end = 0, len(raw)
     try:
-        while i < end:
-            key, i = _varint(raw, i)
-            if key & 7 != 2:  # every field of the batch is length-delimited
-                raise Refused(
-                    "malformed", f"not a ContainerEventBatch: field {key >> 3} has wire type {key & 7}"
-                )
-            length, i = _varint(raw, i)
-            if i + length > end:
-                raise Refused("malformed", "not a ContainerEventBatch: truncated")
-            if key >> 3 == 1:
-                events.append(raw[i : i + length])
-            elif key >> 3 == 2:
-                source = raw[i : i + length].decode()
-            i += length
-    except (IndexError, UnicodeDecodeError):
-        raise Refused("malformed", "not a ContainerEventBatch: truncated or invalid UTF-8") from None
+        for number, value in length_delimited_fields(raw):
+            if number == 1:
+                events.append(value)
+            elif number == 2:
+                source = value.decode()
+    except WireError as exc:
+        raise Refused("malformed", f"not a ContainerEventBatch: {exc}") from None
+    except UnicodeDecodeError:
+        raise Refused("malformed", "not a ContainerEventBatch: invalid UTF-8 in its source") from None
     if source not in SOURCES:
         raise Refused("unknown_source", f"batch source {source!r} is not one of {list(SOURCES)}")
     return events, source
-
-
-def _varint(raw: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        byte = raw[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i
-        shift += 7
 
 
 def _check_text(name: str, value: str, max_bytes: int) -> None:

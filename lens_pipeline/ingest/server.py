@@ -26,7 +26,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from lens_pipeline.ingest import exporter_pb2
@@ -99,7 +99,7 @@ class IngestServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: LogWriter | None = None
         self._grpc: grpc.aio.Server | None = None
-        self._health = HealthServicer()
+        self._health = health_aio.HealthServicer()
         self._http = None
         self._received: dict[tuple[str, str], object] = {}
 

@@ -9,7 +9,6 @@ that expired (410 Gone) restarts the whole list, so one LIST is always one consi
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import os
@@ -17,8 +16,7 @@ import queue
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -29,6 +27,7 @@ from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
 
 from lens_pipeline.clusters import ClusterConfig
+from lens_pipeline.memory import paused_gc
 from lens_pipeline.retry import KUBE_REQUEST
 
 log = logging.getLogger(__name__)
@@ -422,25 +421,6 @@ def _peek_continue(body: bytes) -> str | None:
     metadata = head.get("metadata") if isinstance(head, dict) else None
     token = metadata.get("continue") if isinstance(metadata, dict) else None
     return token if isinstance(token, str) and token else None
-
-
-@contextmanager
-def paused_gc(*, freeze: bool = True) -> Iterator[None]:
-    """No cyclic garbage collection inside (nested uses keep it off until the outermost ends).
-
-    With `freeze`, what was built inside is taken as long-lived and acyclic, and moved out of the
-    collector's sight at the end instead of being scanned by the next collection (refcounting
-    still frees it). Without, the collector goes back to work as it was: for a scope whose
-    objects are let go at its end."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            if freeze:
-                gc.freeze()
-            gc.enable()
 
 
 def _parse(cluster: str, path: str, body: bytes) -> dict[str, Any]:

@@ -13,14 +13,13 @@ import grpc
 
 from lens_pipeline.sim import node_agent as agent
 from lens_pipeline.sim.fleet import SimCluster, SimFleet
-from lens_pipeline.vendors import PROFILES
 
 Container = tuple[str, str, str, str, int]  # (node, namespace, pod, pod uid, GPUs)
 
 
 def running_gpu_containers(cluster: SimCluster) -> dict[str, Container]:
     """The cluster's running GPU pods, one container each, by a stable container id."""
-    resource = PROFILES[cluster.vendor].resource
+    resource = cluster.profile.resource
     _nodes, pods, _samples = cluster.truth_inputs()
     out: dict[str, Container] = {}
     for pod in pods:

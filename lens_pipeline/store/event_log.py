@@ -28,6 +28,7 @@ import orjson
 from google.protobuf import struct_pb2
 from sqlalchemy import Connection, Engine, delete, func, insert, select, text
 
+from lens_pipeline.protowire import length_delimited_fields
 from lens_pipeline.store.schema import (
     container_event_dead_letter,
     container_event_key,
@@ -46,7 +47,9 @@ _RECORD = struct.Struct(
     "<qBBBBHHHI"
 )  # received_at, source, format, needs_processing, len(event_id)+1 (0: none), lengths
 SOURCES = ("k8s", "docker")
-PAYLOAD_FORMATS = ("struct", "json", "event")  # Struct bytes; JSON object; the whole ContainerEvent
+PAYLOAD_FORMATS = ("struct", "json", "event")
+# `ContainerEvent.data` (exporter.proto): the only field the log reads back from a whole event.
+CONTAINER_EVENT_DATA_FIELD = 3  # Struct bytes; JSON object; the whole ContainerEvent
 # Bounds of one segment: a round with more is cut into several (MariaDB's packet limit, and the
 # asset reads whole segments).
 SEGMENT_MAX_EVENTS = 5000
@@ -334,9 +337,13 @@ class LoggedEvent:
         if self.payload_format == "json":
             return orjson.loads(self.payload)
         if self.payload_format == "event":
-            from lens_pipeline.ingest.exporter_pb2 import ContainerEvent
-
-            return _struct_to_dict(ContainerEvent.FromString(self.payload).data)
+            # The whole ContainerEvent as the agent sent it: its `data` (field 3, a Struct), merged
+            # as protobuf merges a repeated message field, without the generated class.
+            data = struct_pb2.Struct()
+            for number, value in length_delimited_fields(bytes(self.payload)):
+                if number == CONTAINER_EVENT_DATA_FIELD:
+                    data.MergeFromString(value)
+            return _struct_to_dict(data)
         return _struct_to_dict(struct_pb2.Struct.FromString(self.payload))
 
 

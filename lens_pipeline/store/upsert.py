@@ -24,7 +24,7 @@ from typing import Any, Literal
 from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, not_, select, tuple_, update
 from sqlalchemy.engine import Dialect
 
-from lens_pipeline.kube.reader import paused_gc
+from lens_pipeline.memory import paused_gc
 from lens_pipeline.store.schema import logical_key
 from lens_pipeline.store.write_behind import WriteBehind
 

@@ -20,11 +20,17 @@ from dagster import (
     in_process_executor,
     schedule,
 )
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from lens_pipeline import settings
 from lens_pipeline.defs.cluster_assets import ASSET_KEYS, COLLECTOR_KEYS, JOB_NAME, cluster_assets
-from lens_pipeline.defs.partitions import BATCH_TAG, CLUSTER_PARTITIONS_NAME, CLUSTER_TAG, clusters_in_runs
+from lens_pipeline.defs.partitions import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    BATCH_TAG,
+    CLUSTER_PARTITIONS_NAME,
+    CLUSTER_TAG,
+    clusters_in_runs,
+)
 
 collect_cluster_job = define_asset_job(
     JOB_NAME,

@@ -28,6 +28,7 @@ from lens_pipeline.defs.collectors.common import COLLECTOR_RETRY, FRESHNESS, MAX
 from lens_pipeline.defs.collectors.reporting import markdown_table, problems_metadata
 from lens_pipeline.defs.partitions import cluster_partitions
 from lens_pipeline.defs.resources import LensDatabase
+from lens_pipeline.protowire import WireError
 from lens_pipeline.store.containers import stored_containers, write_container_rows
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.event_log import (
@@ -101,7 +102,7 @@ def container_events(
             for logged in chunk.events:
                 try:
                     data = logged.data()
-                except (DecodeError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
+                except (DecodeError, WireError, orjson.JSONDecodeError, UnicodeDecodeError) as exc:
                     unusable.append((logged, f"undecodable data: {exc}"))
                     continue
                 records.append(

@@ -5,6 +5,7 @@ need no processing (the original ignored k8s events without GPUs)."""
 from dagster import (
     AssetKey,
     AssetObservation,
+    DagsterRunStatus,
     DefaultSensorStatus,
     Definitions,
     RunRequest,
@@ -16,7 +17,6 @@ from dagster import (
     in_process_executor,
     sensor,
 )
-from dagster._core.storage.dagster_run import DagsterRunStatus
 
 from lens_pipeline.defs.containers.assets import container_events
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME

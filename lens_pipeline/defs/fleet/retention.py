@@ -17,9 +17,9 @@ from dagster import (
     job,
     op,
 )
-from dagster._core.storage.dagster_run import FINISHED_STATUSES
 from pydantic import Field
 
+from lens_pipeline.defs.partitions import FINISHED_STATUSES
 from lens_pipeline.defs.resources import LensDatabase
 from lens_pipeline.store.history import prune_history
 

@@ -1,0 +1,1 @@
+"""The Lens and SaFE databases: schema, migrations, bulk writes, the container event log."""
