@@ -57,12 +57,16 @@ class ContainerRows:
 
 
 def apply_events(
-    events: Iterable[ContainerEventRecord], stored: Mapping[str, Mapping[str, Any]]
+    events: Iterable[ContainerEventRecord],
+    stored: Mapping[str, Mapping[str, Any]],
+    widths: Mapping[str, int] | None = None,
 ) -> ContainerRows:
     """The rows that `events`, applied in order over the `stored` container rows, leave behind.
 
     Only containers an event touched appear in the result; `updated_at` is the newest event's
     receive time, `created_at` the container's creation time from the runtime (else first seen).
+    An event whose rows would hold what the tables cannot (text with NUL, or longer than `widths`
+    gives for its column) is not applied: it is returned in `unusable` with why.
     """
     out = ContainerRows()
     for event in events:
@@ -72,7 +76,7 @@ def apply_events(
                 row, devices = _docker(event, current)
             else:
                 row, devices = _k8s(event, current)
-            _storable(row, *devices)
+            _storable(widths or {}, row, *devices)
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             out.unusable.append((event, f"{type(exc).__name__}: {exc}"))
             continue
@@ -104,12 +108,17 @@ def apply_events(
     return out
 
 
-def _storable(*rows: Mapping[str, Any]) -> None:
-    """ValueError when a row holds what no table column can: text with NUL (PostgreSQL refuses it)."""
+def _storable(widths: Mapping[str, int], *rows: Mapping[str, Any]) -> None:
+    """ValueError when a row holds what its table cannot: text with NUL (PostgreSQL refuses it) or
+    longer than its column (PostgreSQL and MariaDB refuse it, SQLite would keep it)."""
     for row in rows:
         for column, value in row.items():
-            if isinstance(value, str) and "\x00" in value:
+            if not isinstance(value, str):
+                continue
+            if "\x00" in value:
                 raise ValueError(f"{column} contains a NUL character")
+            if column in widths and len(value) > widths[column]:
+                raise ValueError(f"{column} is {len(value)} characters, over its column's {widths[column]}")
 
 
 def _k8s(
@@ -236,11 +245,23 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
+# The times a container can have been created at; every database keeps them (MariaDB's DATETIME
+# starts in year 1000). Outside: ValueError, and the event is set aside.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
+
+
+def _in_window(when: datetime, what: str) -> datetime:
+    if not EARLIEST <= when < LATEST:
+        raise ValueError(f"{what} {when.isoformat()} is not a time a container was created at")
+    return when
+
+
 def _from_unix_nanos(value: Any) -> datetime | None:
     """CRI `created_at`: nanoseconds since the epoch (0 or absent: unknown)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         return None
-    return datetime.fromtimestamp(value / 1e9, UTC)
+    return _in_window(datetime.fromtimestamp(value / 1e9, UTC), "created_at")
 
 
 def _from_rfc3339(value: Any) -> datetime | None:
@@ -250,4 +271,4 @@ def _from_rfc3339(value: Any) -> datetime | None:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return _in_window(parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC), "StartAt")

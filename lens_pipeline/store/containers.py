@@ -38,3 +38,15 @@ def write_container_rows(conn: Connection, cluster: str, rows: ContainerRows) ->
     bulk_upsert(conn, node_container_devices, devices)
     bulk_upsert(conn, node_container_event, events, update_columns=[])
     return {"containers": len(containers), "devices": len(devices), "events": len(events)}
+
+
+def container_column_widths() -> dict[str, int]:
+    """The text columns of the container tables and their widths in characters, for `apply_events`
+    to set aside an event whose values would not fit."""
+    widths: dict[str, int] = {}
+    for table in (node_container, node_container_devices):
+        for column in table.c:
+            length = getattr(column.type, "length", None)
+            if isinstance(length, int) and column.name != "cluster_name":
+                widths[column.name] = min(length, widths.get(column.name, length))
+    return widths

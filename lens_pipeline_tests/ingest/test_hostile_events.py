@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from lens_pipeline.collect.containers import ContainerEventRecord, apply_events
 from lens_pipeline.ingest.events import Origin, Refused, from_json
+from lens_pipeline.store.containers import container_column_widths
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.event_log import dead_letters, decode_segment, encode_record
 from lens_pipeline.store.schema import node_container
@@ -122,6 +123,7 @@ def test_what_the_edge_accepts_the_log_stores_and_processing_never_raises(event)
             )
         ],
         {},
+        container_column_widths(),
     )
     # Applied, or set aside with a reason: never an exception, never a row no table can hold.
     assert len(rows.containers) + len(rows.unusable) == 1

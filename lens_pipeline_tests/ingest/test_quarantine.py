@@ -111,33 +111,38 @@ def test_an_event_the_log_cannot_hold_is_quarantined_and_the_round_commits(lens_
 
 
 def test_events_that_cannot_be_applied_are_set_aside_and_the_cluster_moves_on(lens_url):
-    """Logged events with a creation time out of range and a NUL in the pod name (as an older
-    sidecar let through): both quarantined, every valid event before and after applied, and the
+    """Logged events with a creation time out of range, a NUL in the pod name and a pod name longer
+    than its column (as an older sidecar let through): all quarantined, every valid event before and after applied, and the
     next run has nothing left to do."""
     engine = get_engine(lens_url)
     ensure_schema(engine, "lens")
-    rows = [_row(i) for i in range(1, 6)]
-    for index, poison in ((1, {"created_at": 1e30}), (3, {"pod_name": "p\x00q"})):
+    rows = [_row(i) for i in range(1, 7)]
+    for index, poison in (
+        (1, {"created_at": 1e30}),
+        (3, {"pod_name": "p\x00q"}),
+        (5, {"pod_name": "p" * 300}),
+    ):
         data = {**_http_event(index + 1)["data"], **poison}
         rows[index]["payload"] = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
     with log_transaction(engine) as conn:
         append_events(conn, rows)
     metadata, check = _run_container_events(lens_url)
-    assert metadata["events_quarantined"].value == 2 and not check.passed
+    assert metadata["events_quarantined"].value == 3 and not check.passed
     named = " ".join(check.metadata["events"].value)
     assert "OverflowError" in named or "year" in named
     assert "NUL" in named and container_id(2) in named and container_id(4) in named
+    assert "pod_name is 300 characters, over its column's 253" in named  # PostgreSQL and MariaDB refuse it
     with engine.connect() as conn:
         stored = {r.container_id for r in conn.execute(select(node_container.c.container_id))}
         letters = dead_letters(conn, "east")
     assert stored == {container_id(i) for i in (1, 3, 5)}
-    assert sorted(letter["container_id"] for letter in letters) == [container_id(2), container_id(4)]
+    assert sorted(letter["container_id"] for letter in letters) == [container_id(i) for i in (2, 4, 6)]
     assert all(letter["stage"] == "processing" and letter["payload"] for letter in letters)
     again, check = _run_container_events(lens_url)
     assert again["events_processed"].value == 0 and check.passed
     # Prometheus sees them too, from the read API.
     metrics = TestClient(create_app(engine)).get("/metrics").text
-    assert 'lens_container_events_quarantined_total{cluster="east",stage="processing"} 2.0' in metrics
+    assert 'lens_container_events_quarantined_total{cluster="east",stage="processing"} 3.0' in metrics
 
 
 def test_an_http_event_past_the_limits_is_a_400_naming_the_field_and_the_others_go_on(sqlite_url):

@@ -29,7 +29,7 @@ from lens_pipeline.defs.collectors.reporting import markdown_table, problems_met
 from lens_pipeline.defs.partitions import cluster_partitions
 from lens_pipeline.defs.resources import LensDatabase
 from lens_pipeline.protowire import WireError
-from lens_pipeline.store.containers import stored_containers, write_container_rows
+from lens_pipeline.store.containers import container_column_widths, stored_containers, write_container_rows
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.event_log import (
     dead_letter_row,
@@ -41,6 +41,7 @@ from lens_pipeline.store.event_log import (
     set_processed_up_to,
 )
 
+WIDTHS = container_column_widths()
 # Events per transaction: on SQLite the ingest sidecar waits for the write lock meanwhile.
 CHUNK_EVENTS = 2000
 # A run stops after this many and the sensor's next run continues: runs stay short.
@@ -119,7 +120,9 @@ def container_events(
                 )
             if records and oldest_received is None:
                 oldest_received = records[0].received_at
-            rows = apply_events(records, stored_containers(conn, cluster, {r.container_id for r in records}))
+            rows = apply_events(
+                records, stored_containers(conn, cluster, {r.container_id for r in records}), WIDTHS
+            )
             problems.extend(rows.problems)
             unusable += [(record.ref, reason) for record, reason in rows.unusable]
             # Kept whole with why, in this transaction: the watermark moves past them.
