@@ -14,7 +14,8 @@ import hmac
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import orjson
@@ -127,6 +128,20 @@ class QueryGuard:
         await self.app(scope, receive, send)
 
 
+@dataclass(frozen=True)
+class _Routes:
+    """What every route of one app shares: the database, the token check, the cluster resolution."""
+
+    engine: Engine
+    authorize: Callable[[Request], Awaitable[None]]
+    resolve: Callable[[str | None], str]
+    cached_overview: Callable[[str], Any]
+
+    @property
+    def guarded(self) -> list[Any]:
+        return [Depends(self.authorize)]
+
+
 def create_app(engine: Engine, *, token: str | None = None, default_cluster: str | None = None) -> FastAPI:
     """The API over `engine`'s Lens database."""
     app = FastAPI(
@@ -146,8 +161,6 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5),
     )
     metrics.register(_FleetCollector(engine))
-
-    cached_overview = queries.OverviewReader(engine)
     app.add_middleware(QueryGuard)
 
     async def authorize(request: Request) -> None:
@@ -169,7 +182,17 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
             return known[0]
         raise ApiError(400, f"query parameter cluster is required ({len(known)} clusters are known)")
 
-    guarded = [Depends(authorize)]
+    ctx = _Routes(engine, authorize, resolve, queries.OverviewReader(engine))
+    _error_handlers(app, errors)
+    _cluster_routes(app, ctx, metrics)
+    _node_routes(app, ctx)
+    _workload_routes(app, ctx)
+    app.add_middleware(_Instrumented, requests=requests, latency=latency)
+    return app
+
+
+def _error_handlers(app: FastAPI, errors: Counter) -> None:
+    """Every error in the API's envelope; a database error is a 503, counted."""
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> Response:
@@ -189,9 +212,11 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
         errors.inc()
         return envelope(None, 503, f"database unavailable: {type(exc).__name__}")
 
+
+def _cluster_routes(app: FastAPI, ctx: _Routes, metrics: CollectorRegistry) -> None:
     @app.get("/healthz", summary="Liveness and database reachability")
     def healthz() -> Response:
-        with engine.connect() as conn:
+        with ctx.engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
         return envelope({"status": "ok"})
 
@@ -210,20 +235,20 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
     )
     async def overview(request: Request) -> Response:
         # The hot path: no dependency solving, no thread hop, one indexed read (microseconds).
-        await authorize(request)
-        name = resolve(request.query_params.get("cluster"))
-        row = cached_overview(name)
+        await ctx.authorize(request)
+        name = ctx.resolve(request.query_params.get("cluster"))
+        row = ctx.cached_overview(name)
         if row is None:
-            with engine.connect() as conn:
+            with ctx.engine.connect() as conn:
                 row = queries.live_overview(conn, name)
         if row is None:
             raise ApiError(404, f"cluster {name!r} not found")
         return envelope(api_overview(row))
 
-    @app.get("/v1/clusters/consumers", dependencies=guarded, summary="Running top-level GPU consumers")
+    @app.get("/v1/clusters/consumers", dependencies=ctx.guarded, summary="Running top-level GPU consumers")
     def consumers(paging: Paging, cluster: str | None = None) -> Response:
-        name = resolve(cluster)
-        with engine.connect() as conn:
+        name = ctx.resolve(cluster)
+        with ctx.engine.connect() as conn:
             rows, total = queries.consumers(conn, name, paging)
             _require_cluster(conn, name, total)
         return paged(
@@ -244,7 +269,9 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
             total,
         )
 
-    @app.get("/v1/nodes", dependencies=guarded, summary="GPU nodes, filtered, sorted and paged")
+
+def _node_routes(app: FastAPI, ctx: _Routes) -> None:
+    @app.get("/v1/nodes", dependencies=ctx.guarded, summary="GPU nodes, filtered, sorted and paged")
     def nodes(
         paging: Paging,
         cluster: str | None = None,
@@ -258,8 +285,8 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
         if bad := [s for s in statuses if s not in NODE_STATUSES]:
             raise ApiError(400, f"unknown status {bad[0][:40]!r}; one of {', '.join(sorted(NODE_STATUSES))}")
         _sortable(order_by, NODE_ORDER)
-        name_ = resolve(cluster)
-        with engine.connect() as conn:
+        name_ = ctx.resolve(cluster)
+        with ctx.engine.connect() as conn:
             rows, total = queries.nodes(
                 conn,
                 name_,
@@ -290,14 +317,14 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
 
     def _node(cluster: str | None, name: str) -> tuple[str, dict]:
         _checked(name, "node name")
-        cluster_name = resolve(cluster)
-        with engine.connect() as conn:
+        cluster_name = ctx.resolve(cluster)
+        with ctx.engine.connect() as conn:
             row = queries.node_row(conn, cluster_name, name)
         if row is None:
             raise ApiError(404, f"node {name!r} not found in cluster {cluster_name!r}")
         return cluster_name, row
 
-    @app.get("/v1/nodes/{name}", dependencies=guarded, summary="One node's details")
+    @app.get("/v1/nodes/{name}", dependencies=ctx.guarded, summary="One node's details")
     def node_detail(name: str, cluster: str | None = None) -> Response:
         _, row = _node(cluster, name)
         return envelope(
@@ -314,10 +341,10 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
             }
         )
 
-    @app.get("/v1/nodes/{name}/gpuDevices", dependencies=guarded, summary="A node's GPUs by index")
+    @app.get("/v1/nodes/{name}/gpuDevices", dependencies=ctx.guarded, summary="A node's GPUs by index")
     def node_gpus(name: str, cluster: str | None = None) -> Response:
         cluster_name, _ = _node(cluster, name)
-        with engine.connect() as conn:
+        with ctx.engine.connect() as conn:
             devices = queries.gpu_devices(conn, cluster_name, name)
         return envelope(
             [
@@ -334,7 +361,9 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
             ]
         )
 
-    @app.get("/v1/workloads", dependencies=guarded, summary="Top-level workloads with GPU statistics")
+
+def _workload_routes(app: FastAPI, ctx: _Routes) -> None:
+    @app.get("/v1/workloads", dependencies=ctx.guarded, summary="Top-level workloads with GPU statistics")
     def workloads(
         paging: Paging,
         cluster: str | None = None,
@@ -356,8 +385,8 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
             raise ApiError(400, "order is asc or desc")
         # As the original: newest first unless asked otherwise.
         descending = order is None or order.lower() == "desc"
-        cluster_name = resolve(cluster)
-        with engine.connect() as conn:
+        cluster_name = ctx.resolve(cluster)
+        with ctx.engine.connect() as conn:
             rows, total = queries.workloads(
                 conn,
                 cluster_name,
@@ -375,17 +404,17 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
 
     def _workload(cluster: str | None, uid: str) -> tuple[str, dict]:
         _checked(uid, "uid")
-        cluster_name = resolve(cluster)
-        with engine.connect() as conn:
+        cluster_name = ctx.resolve(cluster)
+        with ctx.engine.connect() as conn:
             row = queries.workload_row(conn, cluster_name, uid)
         if row is None:
             raise ApiError(404, f"workload {uid!r} not found in cluster {cluster_name!r}")
         return cluster_name, row
 
-    @app.get("/v1/workloads/{uid}", dependencies=guarded, summary="One workload and its pods")
+    @app.get("/v1/workloads/{uid}", dependencies=ctx.guarded, summary="One workload and its pods")
     def workload_detail(uid: str, cluster: str | None = None) -> Response:
         cluster_name, row = _workload(cluster, uid)
-        with engine.connect() as conn:
+        with ctx.engine.connect() as conn:
             pods = queries.workload_pods(conn, cluster_name, uid)
             allocation = queries.gpu_allocation(conn, cluster_name, [uid])[uid]
         return envelope(
@@ -408,15 +437,14 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
             }
         )
 
-    @app.get("/v1/workloads/{uid}/hierarchy", dependencies=guarded, summary="A workload's tree of children")
+    @app.get(
+        "/v1/workloads/{uid}/hierarchy", dependencies=ctx.guarded, summary="A workload's tree of children"
+    )
     def workload_hierarchy(uid: str, cluster: str | None = None) -> Response:
         cluster_name, _ = _workload(cluster, uid)
-        with engine.connect() as conn:
+        with ctx.engine.connect() as conn:
             tree = queries.workload_tree(conn, cluster_name, uid)
         return envelope(tree)
-
-    app.add_middleware(_Instrumented, requests=requests, latency=latency)
-    return app
 
 
 def _workload_item(row: dict, allocation: dict) -> dict:

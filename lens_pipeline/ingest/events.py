@@ -254,28 +254,27 @@ def _pb_shape(data: Any, source: str) -> _Shape:
                 _check_value(key, kind, getattr(value, which))
     if source == "docker":
         devices = fields["Devices"].list_value.values if "Devices" in fields else ()
-        for index, device in enumerate(devices):
-            if device.WhichOneof("kind") != "struct_value":
-                raise Refused("malformed_data", f"data.Devices[{index}] must be an object")
+        _pb_objects(devices, "data.Devices")
         return _Shape(gpus=len(devices))
     gpus = 0
-    if "devices" in fields:
-        lists = fields["devices"].struct_value.fields
-        for name in _DEVICE_LISTS[source]:
-            if name not in lists:
-                continue
-            value = lists[name]
-            kind = value.WhichOneof("kind")
-            if kind == "null_value":
-                continue
-            if kind != "list_value":
-                raise Refused("malformed_data", f"data.devices.{name} must be a list of devices")
-            for index, device in enumerate(value.list_value.values):
-                if device.WhichOneof("kind") != "struct_value":
-                    raise Refused("malformed_data", f"data.devices.{name}[{index}] must be an object")
-            if name == "gpu":
-                gpus = len(value.list_value.values)
+    lists = fields["devices"].struct_value.fields if "devices" in fields else {}
+    for name in _DEVICE_LISTS[source]:
+        value = lists.get(name)
+        kind = value.WhichOneof("kind") if value is not None else "null_value"
+        if kind == "null_value":
+            continue
+        if kind != "list_value":
+            raise Refused("malformed_data", f"data.devices.{name} must be a list of devices")
+        _pb_objects(value.list_value.values, f"data.devices.{name}")
+        if name == "gpu":
+            gpus = len(value.list_value.values)
     return _Shape(gpus=gpus)
+
+
+def _pb_objects(values: Any, where: str) -> None:
+    for index, item in enumerate(values):
+        if item.WhichOneof("kind") != "struct_value":
+            raise Refused("malformed_data", f"{where}[{index}] must be an object")
 
 
 def _json_kind(value: Any) -> str:

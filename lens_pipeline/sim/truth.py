@@ -223,11 +223,10 @@ def _safe_gpu_request(workload: Mapping[str, Any]) -> int:
     return _int_quantity(resource.get("gpu", 0)) * _int_quantity(resource.get("replica", 0))
 
 
-def workload_rows(
-    objects: Mapping[str, list[StoredObject]], gpu_pods: list[dict[str, Any]], pod_links: Mapping[str, _Link]
-) -> list[dict[str, Any]]:
-    """Every object above a GPU pod (owner chains walked to the top), and SaFE Workloads above those
-    tops through their `primus-safe.workload.id` label."""
+def _owner_index(
+    objects: Mapping[str, list[StoredObject]],
+) -> tuple[dict[tuple[str, str, str, str], _Link], dict[str, _Link]]:
+    """Every object that can own a pod, by (apiVersion, kind, namespace, name); SaFE Workloads by name."""
     by_reference: dict[tuple[str, str, str, str], _Link] = {}
     safe_by_name: dict[str, _Link] = {}
     for resource, entries in objects.items():
@@ -239,6 +238,34 @@ def workload_rows(
             by_reference[(obj["apiVersion"], obj["kind"], link.namespace, obj["metadata"]["name"])] = link
             if resource == "workloads":
                 safe_by_name[obj["metadata"]["name"]] = link
+    return by_reference, safe_by_name
+
+
+def _workload_state(obj: Mapping[str, Any], pods: list[dict[str, Any]]) -> tuple[str, int, str]:
+    """(namespace, GPUs requested, status) of a workload object from the GPU pods below it."""
+    if obj["kind"] == "Workload" and obj["apiVersion"] == "amd.com/v1":
+        namespace = (obj.get("spec") or {}).get("workspace", "")
+        return (
+            namespace,
+            _safe_gpu_request(obj),
+            SAFE_STATUS.get((obj.get("status") or {}).get("phase", ""), "Running"),
+        )
+    gpu_request = sum(p["gpu_allocated"] for p in pods if p["running"])
+    if any(p["running"] for p in pods):
+        status = "Running"
+    elif any(p["phase"] == "Pending" and not p["deleted"] for p in pods):
+        status = "Pending"
+    else:
+        status = "Failed" if _reports_failure(obj) else "Done"
+    return obj["metadata"].get("namespace", ""), gpu_request, status
+
+
+def workload_rows(
+    objects: Mapping[str, list[StoredObject]], gpu_pods: list[dict[str, Any]], pod_links: Mapping[str, _Link]
+) -> list[dict[str, Any]]:
+    """Every object above a GPU pod (owner chains walked to the top), and SaFE Workloads above those
+    tops through their `primus-safe.workload.id` label."""
+    by_reference, safe_by_name = _owner_index(objects)
 
     def resolve(child: _Link) -> _Link | None:
         if child.reference is None:
@@ -283,22 +310,7 @@ def workload_rows(
     for uid in sorted(links):
         obj = links[uid].entry.obj
         metadata = obj["metadata"]
-        pods = [pods_by_uid[p] for p in pod_uids[uid]]
-        if obj["kind"] == "Workload" and obj["apiVersion"] == "amd.com/v1":
-            namespace = (obj.get("spec") or {}).get("workspace", "")
-            gpu_request = _safe_gpu_request(obj)
-            status = SAFE_STATUS.get((obj.get("status") or {}).get("phase", ""), "Running")
-        else:
-            namespace = metadata.get("namespace", "")
-            gpu_request = sum(p["gpu_allocated"] for p in pods if p["running"])
-            if any(p["running"] for p in pods):
-                status = "Running"
-            elif any(p["phase"] == "Pending" and not p["deleted"] for p in pods):
-                status = "Pending"
-            elif _reports_failure(obj):
-                status = "Failed"
-            else:
-                status = "Done"
+        namespace, gpu_request, status = _workload_state(obj, [pods_by_uid[p] for p in pod_uids[uid]])
         rows.append(
             {
                 "uid": uid,

@@ -60,17 +60,10 @@ def bulk_upsert(
     if not rows:
         return 0
     key = logical_key(table)
-    columns = list(rows[0])
-    missing = [k for k in key if k not in columns]
-    if missing:
-        raise ValueError(f"{table.name}: rows lack key columns {missing}")
+    columns = _columns_of(table, rows, key)
     if update_columns is None:
         update_columns = [c for c in columns if c not in key and c not in NEVER_UPDATED]
     update_columns = list(update_columns)
-    keys = rows[0].keys()
-    for row in rows:
-        if row.keys() != keys:
-            raise ValueError(f"{table.name}: every row of one upsert must have the same columns")
     dialect = conn.dialect
     positions = [columns.index(k) for k in key]
     if not conn.in_transaction():
@@ -109,6 +102,18 @@ def bulk_upsert(
     finally:
         cursor.close()
     return len(rows)
+
+
+def _columns_of(table: Table, rows: Sequence[Mapping[str, Any]], key: Sequence[str]) -> list[str]:
+    """The columns every row carries (the same for all, the key among them), or ValueError."""
+    columns = list(rows[0])
+    missing = [k for k in key if k not in columns]
+    if missing:
+        raise ValueError(f"{table.name}: rows lack key columns {missing}")
+    keys = rows[0].keys()
+    if any(row.keys() != keys for row in rows):
+        raise ValueError(f"{table.name}: every row of one upsert must have the same columns")
+    return columns
 
 
 def _submit(
