@@ -522,7 +522,7 @@ class _FleetCollector:
             rate.add_metric([row["cluster_name"]], row["allocation_rate"])
         yield rate
         labels = ["cluster", "kind", "name", "namespace", "uid"]
-        families = {
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "gpu_utilization": GaugeMetricFamily(
                 "consumer_pod_gpu_usage", "Mean utilization of the consumer's GPUs, percent", labels=labels
             ),

@@ -94,6 +94,7 @@ class OverviewReader:
         pooled = self.engine.raw_connection()
         pooled.detach()  # ours for good: never returned to the pool, never rolled back
         connection = pooled.dbapi_connection
+        assert connection is not None  # a live pooled connection has its driver connection
         dialect = self.engine.dialect.name
         if dialect == "sqlite":
             connection.isolation_level = None

@@ -179,7 +179,7 @@ def _docker(
 def _merge(
     current: Mapping[str, Any] | None, event: ContainerEventRecord, seen: Mapping[str, Any]
 ) -> dict[str, Any]:
-    row = dict(current) if current else {c: None for c in CONTAINER_COLUMNS}
+    row: dict[str, Any] = dict(current) if current else dict.fromkeys(CONTAINER_COLUMNS)
     row["container_id"] = event.container_id
     for column, value in seen.items():
         if value not in (None, ""):

@@ -55,7 +55,7 @@ def ready_status(node: dict) -> str:
         raise MalformedObject("status.conditions should be a list")
     for condition in conditions:
         if isinstance(condition, dict) and condition.get("type") == "Ready":
-            return {"True": "Ready", "False": "NotReady"}.get(condition.get("status"), "Unknown")
+            return {"True": "Ready", "False": "NotReady"}.get(str(condition.get("status")), "Unknown")
     return "Unknown"
 
 
@@ -177,7 +177,9 @@ class NodeIndex:
             if not isinstance(node, dict):
                 continue
             metadata, status = node.get("metadata"), node.get("status")
-            name = metadata.get("name") if isinstance(metadata, dict) else None
+            if not isinstance(metadata, dict):
+                continue
+            name = metadata.get("name")
             if not isinstance(name, str) or not name:
                 continue
             self._names[name] = name
@@ -234,7 +236,9 @@ def gpu_models_by_node(nodes: Iterable[dict], profiles: Iterable[VendorProfile])
     models: dict[str, str] = {}
     for node in nodes:
         metadata = node.get("metadata") if isinstance(node, dict) else None
-        labels = metadata.get("labels") if isinstance(metadata, dict) else None
+        if not isinstance(metadata, dict):
+            continue
+        labels = metadata.get("labels")
         if not isinstance(labels, dict) or not isinstance(metadata.get("name"), str):
             continue
         model = next((labels[p.product_label] for p in profiles if labels.get(p.product_label)), None)

@@ -70,4 +70,6 @@ def owner_ref(metadata: dict) -> OwnerRef | None:
             value = ref.get(field)
             if not isinstance(value, str) or not value:
                 raise MalformedObject(f"an ownerReference lacks {field}")
-    return OwnerRef(KindRef(api_version, kind), name, uid)
+    # Checked just above with `__class__ is str` (the fast test on this hot path, which mypy does
+    # not read as narrowing).
+    return OwnerRef(KindRef(api_version, kind), name, uid)  # type: ignore[arg-type]

@@ -203,9 +203,9 @@ def pod_end_time(pod: GpuPod) -> datetime | None:
             finished.append(
                 parse_time(terminated.get("finishedAt"), "containerStatuses.state.terminated.finishedAt")
             )
-    finished = [t for t in finished if t is not None]
-    if finished:
-        return max(finished)
+    times = [t for t in finished if t is not None]
+    if times:
+        return max(times)
     ready = next((c for c in _conditions(pod) if c.get("type") == "Ready"), None)
     return parse_time(ready.get("lastTransitionTime"), "Ready condition time") if ready else None
 
@@ -243,6 +243,8 @@ def pod_resource_row(pod: GpuPod, gpu_model: str) -> Row:
 def resource_version(metadata: dict, what: str = "metadata.resourceVersion") -> int:
     value = metadata.get("resourceVersion")
     try:
+        if value is None:
+            raise TypeError
         return int(value)
     except (TypeError, ValueError):
         raise MalformedObject(f"{what} should be an integer string, got {value!r:.40}") from None

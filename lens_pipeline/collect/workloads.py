@@ -27,7 +27,8 @@ def is_safe_workload(obj: Mapping[str, Any]) -> bool:
 
 def reports_failure(obj: Mapping[str, Any]) -> bool:
     """Job, Kubeflow and Ray jobs say so in a `Failed` condition (Ray also in jobStatus)."""
-    status = obj.get("status") if isinstance(obj.get("status"), dict) else {}
+    found = obj.get("status")
+    status = found if isinstance(found, dict) else {}
     conditions = status.get("conditions") or []
     failed = (
         any(

@@ -125,7 +125,9 @@ def _append_portable(conn: Connection, cluster: str, rows: list[dict]) -> int:
         return 0
     values = _segment_values(cluster, rows)
     values["payload"] = b"".join(values["payload"])
-    segment_id = int(conn.execute(insert(container_event_segment).values(values)).inserted_primary_key[0])
+    inserted = conn.execute(insert(container_event_segment).values(values)).inserted_primary_key
+    assert inserted is not None  # an INSERT of one row always says its key
+    segment_id = int(inserted[0])
     conn.execute(
         insert(container_event_key),
         [{"cluster_name": cluster, "event_key": row["event_key"], "segment_id": segment_id} for row in rows],

@@ -106,7 +106,8 @@ def write_pods(
     snapshots_written = snapshots.close()
     # The events of a pod seen for the first time are new (PostgreSQL COPYs them straight into the
     # table); a pod seen before may bring again a condition already stored, which is left alone.
-    first_events, other_events = [], []
+    first_events: list[Row] = []
+    other_events: list[Row] = []
     for event in events:
         (first_events if event["pod_uuid"] in snapshots.first_seen else other_events).append(
             {**scope, **event}

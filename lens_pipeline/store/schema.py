@@ -7,6 +7,8 @@ upsert targets exactly that constraint. `LOGICAL_KEYS` maps table name to its ke
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -397,7 +399,11 @@ storage = Table(
     UniqueConstraint("cluster_name", "kind", "name"),
 )
 
-_FIGURE = {"nullable": False, "server_default": text("0")}
+
+def _figure(name: str, type_: Any) -> Column:
+    """A figure that is always known: NOT NULL, 0 until computed."""
+    return Column(name, type_, nullable=False, server_default=text("0"))
+
 
 # §1.16: one row per cluster in one shared database.
 cluster_overview_cache = Table(
@@ -406,7 +412,7 @@ cluster_overview_cache = Table(
     _id(),
     _cluster(),
     *(
-        Column(c, Integer, **_FIGURE)
+        _figure(c, Integer)
         for c in (
             "total_nodes",
             "healthy_nodes",
@@ -428,7 +434,7 @@ cluster_overview_cache = Table(
         )
     ),
     *(
-        Column(c, Float, **_FIGURE)
+        _figure(c, Float)
         for c in (
             "allocation_rate",
             "storage_used_space",
@@ -456,7 +462,7 @@ workload_statistic = Table(
     Column("workload_name", String(K8S_NAME), nullable=False),
     Column("workload_type", String(50), nullable=False),
     *(
-        Column(c, Float, **_FIGURE)
+        _figure(c, Float)
         for c in (
             "instant_gpu_utilization",
             "avg_gpu_utilization",
@@ -469,8 +475,8 @@ workload_statistic = Table(
     ),
     Column("stat_start_time", UTCDateTime(), nullable=False),
     Column("stat_end_time", UTCDateTime(), nullable=False),
-    Column("sample_count", Integer, **_FIGURE),
-    Column("allocated_gpu_count", Float, **_FIGURE),
+    _figure("sample_count", Integer),
+    _figure("allocated_gpu_count", Float),
     Column("workload_status", String(50)),
     Column("labels", JSONDocument, nullable=False),
     Column("annotations", JSONDocument, nullable=False),
@@ -480,8 +486,8 @@ workload_statistic = Table(
     Column("total_sum", Float, server_default=text("0")),
     Column("histogram", JSONDocument),
     # Beyond the original: GPU-seconds held, and held under the idle threshold (Run:ai's idle GPUs).
-    Column("allocated_gpu_seconds", Float, **_FIGURE),
-    Column("idle_gpu_seconds", Float, **_FIGURE),
+    _figure("allocated_gpu_seconds", Float),
+    _figure("idle_gpu_seconds", Float),
     UniqueConstraint("cluster_name", "uid"),
     Index(
         "ix_workload_statistic_workload_time", "cluster_name", "namespace", "workload_name", "stat_end_time"
@@ -501,7 +507,7 @@ workload_gpu_hourly_stats = Table(
     Column("workload_type", String(50), nullable=False),
     Column("stat_hour", UTCDateTime(), nullable=False),
     *(
-        Column(c, Float, **_FIGURE)
+        _figure(c, Float)
         for c in (
             "allocated_gpu_count",
             "avg_utilization",
@@ -515,7 +521,7 @@ workload_gpu_hourly_stats = Table(
             "idle_gpu_seconds",
         )
     ),
-    Column("sample_count", Integer, **_FIGURE),
+    _figure("sample_count", Integer),
     Column("histogram", JSONDocument),
     Column("workload_status", String(50)),
     Column("created_at", UTCDateTime(), nullable=False),
@@ -536,10 +542,10 @@ gpu_consumers = Table(
     Column("kind", String(64), nullable=False),
     Column("namespace", String(K8S_NAME), nullable=False),
     Column("name", String(K8S_NAME), nullable=False),
-    Column("gpu_allocated", Integer, **_FIGURE),
-    Column("gpu_utilization", Float, **_FIGURE),
-    Column("active_pods", Integer, **_FIGURE),
-    Column("idle_gpu_seconds", Float, **_FIGURE),
+    _figure("gpu_allocated", Integer),
+    _figure("gpu_utilization", Float),
+    _figure("active_pods", Integer),
+    _figure("idle_gpu_seconds", Float),
     Column("source", String(64)),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from functools import partial
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, not_, select, tuple_, update
 from sqlalchemy.engine import Dialect
@@ -500,7 +500,8 @@ def _apply_vanish(
         stamp = {"updated_at": now} if has_updated else {}
         bulk_upsert(conn, table, [{**row, **stamp} for row in rows])
         return
-    values = {**dict(on_vanish), **({"updated_at": now} if has_updated else {})}
+    marks = cast(Mapping[str, Any], on_vanish)  # not "delete", "keep" nor callable: the columns to set
+    values = {**dict(marks), **({"updated_at": now} if has_updated else {})}
     for start in range(0, len(vanished), BATCH_ROWS):
         conn.execute(update(table).where(key_expr.in_(vanished[start : start + BATCH_ROWS])).values(**values))
 
