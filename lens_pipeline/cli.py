@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from lens_pipeline import settings
 
@@ -213,12 +215,25 @@ def _demo(args: argparse.Namespace) -> int:
     from lens_pipeline.sim.registry import write_registry
     from lens_pipeline.sim.server import SimServer
 
+    taken = _taken_ports(
+        {"--port": args.port, "--api-port": args.api_port, "--ingest-port": args.ingest_port}
+    )
+    if taken:
+        for flag, port in taken.items():
+            print(
+                f"[lens demo] port {port} is taken on 127.0.0.1: choose another with {flag} PORT",
+                file=sys.stderr,
+            )
+        return 2
     state = Path(args.state_dir).resolve()
     if args.fresh and state.exists():
         shutil.rmtree(state)
     home = state / "dagster_home"
     home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    # Dagster's own event stream and the sidecars' logs go to files; the console keeps the demo's lines.
+    logs = {name: state / f"{name}.log" for name in ("dagster", "api", "ingest")}
+    started_at = datetime.now(UTC)
 
     print(
         f"[lens demo] generating {args.clusters} simulated clusters of {args.nodes} GPU nodes (seed {args.seed})"
@@ -257,8 +272,18 @@ def _demo(args: argparse.Namespace) -> int:
         str(args.port),
     ]
     print(f"[lens demo] starting Dagster: UI on http://127.0.0.1:{args.port}  (Ctrl-C stops everything)")
+    print(f"[lens demo] Dagster's log: {logs['dagster']}")
     print("[lens demo] the registry sensor adds the clusters within 30 s; the schedule collects every minute")
-    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, start_new_session=True)
+    # Started in DAGSTER_HOME: a dagster.yaml in the current folder would draw Dagster's warning that
+    # it is not used.
+    process = subprocess.Popen(
+        command,
+        env=env,
+        cwd=home,
+        start_new_session=True,
+        stdout=_log(logs["dagster"]),
+        stderr=subprocess.STDOUT,
+    )
     # `kill`/`timeout` send SIGTERM: stop the whole tree as cleanly as on Ctrl-C.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     sidecars: list[subprocess.Popen] = []
@@ -270,10 +295,13 @@ def _demo(args: argparse.Namespace) -> int:
                     [*lens, "api", "--host", "127.0.0.1", "--port", str(args.api_port)],
                     env=env,
                     start_new_session=True,
+                    stdout=_log(logs["api"]),
+                    stderr=subprocess.STDOUT,
                 )
             )
             print(
                 f"[lens demo] read API on http://127.0.0.1:{args.api_port}/v1/clusters/overview?cluster=<name>"
+                f" (log: {logs['api']})"
             )
         if args.ingest_port:
             http_port = _free_port()
@@ -291,20 +319,30 @@ def _demo(args: argparse.Namespace) -> int:
                     ],
                     env=env,
                     start_new_session=True,
+                    stdout=_log(logs["ingest"]),
+                    stderr=subprocess.STDOUT,
                 )
             )
             print(
                 f"[lens demo] ingest sidecar on 127.0.0.1:{args.ingest_port} (gRPC); simulated node agents feed it"
+                f" (log: {logs['ingest']})"
             )
             threading.Thread(
                 target=_feed_agents, args=(fleet, args.ingest_port, http_port, stopped), daemon=True
             ).start()
+        answering = {"the Dagster UI": f"http://127.0.0.1:{args.port}/server_info"}
+        if args.api_port:
+            answering["the read API"] = f"http://127.0.0.1:{args.api_port}/healthz"
         threading.Thread(
             target=_report_progress,
-            args=(env[settings.LENS_DATABASE_URL], len(fleet.clusters), time.monotonic(), stopped),
+            args=(env[settings.LENS_DATABASE_URL], len(fleet.clusters), started_at, answering, stopped),
             daemon=True,
         ).start()
-        return process.wait()
+        code = process.wait()
+        if code:
+            print(f"[lens demo] Dagster stopped (exit {code}); the end of its log:", file=sys.stderr)
+            print(_tail(logs["dagster"]), file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("\n[lens demo] stopping Dagster, the sidecars and the simulator")
         return 0
@@ -324,8 +362,48 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _report_progress(url: str, clusters: int, started: float, stopped: threading.Event) -> None:
-    """Say what the pipeline has stored so far, until every cluster has its overview."""
+def _taken_ports(ports: dict[str, int]) -> dict[str, int]:
+    """The ports (by the flag that sets them) something already listens on at 127.0.0.1."""
+    import socket
+
+    taken = {}
+    for flag, port in ports.items():
+        if not port:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                taken[flag] = port
+    return taken
+
+
+def _log(path: Path) -> Any:
+    return path.open("ab")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"({path} could not be read)"
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _report_progress(
+    url: str, clusters: int, started_at: datetime, answering: dict[str, str], stopped: threading.Event
+) -> None:
+    """Say what the pipeline has stored since this start, until every cluster has an overview made
+    since then and the UI and the API answer: only then is the demo ready."""
     from sqlalchemy import func, select
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -334,23 +412,31 @@ def _report_progress(url: str, clusters: int, started: float, stopped: threading
     from lens_pipeline.store.schema import cluster_overview_cache, node
 
     engine, last = get_engine(url), None
+    started = time.monotonic()
     while not stopped.wait(5):
         try:
             with engine.connect() as conn:
                 nodes = conn.scalar(select(func.count()).select_from(node))
+                fresh = cluster_overview_cache.c.updated_at >= started_at
                 overviews = {
-                    r.cluster_name: r.allocation_rate for r in conn.execute(select(cluster_overview_cache))
+                    r.cluster_name: r.allocation_rate
+                    for r in conn.execute(select(cluster_overview_cache).where(fresh))
                 }
                 events = count_events(conn)
         except SQLAlchemyError:  # tables not there yet, or busy: ask again
             continue
-        line = f"{nodes} GPU nodes stored, {len(overviews)}/{clusters} cluster overviews, {events} container events"
+        line = (
+            f"{nodes} GPU nodes stored, {len(overviews)}/{clusters} cluster overviews since this start, "
+            f"{events} container events"
+        )
         if line != last:
             print(f"[lens demo] {time.monotonic() - started:5.0f} s: {line}", flush=True)
             last = line
-        if len(overviews) >= clusters:
+        silent = [what for what, address in answering.items() if not _answers(address)]
+        if len(overviews) >= clusters and not silent:
             rates = ", ".join(f"{name} {rate:.0f}%" for name, rate in sorted(overviews.items()))
             print(f"[lens demo] every cluster has its overview; allocation rate: {rates}", flush=True)
+            print(f"[lens demo] ready: {', '.join(answering.values())}", flush=True)
             return
 
 

@@ -31,6 +31,35 @@ def test_lens_without_a_command_explains_itself():
     assert result.returncode == 2 and "demo" in result.stderr
 
 
+def test_lens_demo_on_a_taken_port_says_which_flag_to_change(tmp_path):
+    """Before starting anything: a port something listens on is a clear error naming the flag."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        lens = Path(sys.executable).with_name("lens")
+        result = subprocess.run(
+            [
+                str(lens),
+                "demo",
+                "--state-dir",
+                str(tmp_path / "demo"),
+                "--port",
+                "0",
+                "--api-port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2
+    assert f"port {port} is taken on 127.0.0.1: choose another with --api-port PORT" in result.stderr
+    assert not (tmp_path / "demo").exists()  # nothing was started or written
+
+
 def test_lens_api_serves_the_database_of_the_environment(tmp_path):
     """`lens api` in its own process: the schema is created, health answers, a token guards /v1."""
     import json
