@@ -38,7 +38,7 @@ from lens_pipeline.defs.collectors.common import (
     COLLECTOR_RETRY,
     ClusterAssetsConfig,
     ClusterPart,
-    ClusterStep,
+    ClusterTurn,
 )
 from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
@@ -128,7 +128,7 @@ def cluster_assets(
             failures += [PartFailure(name, part.key, str(exc)) for part in selected]
             context.log.error(str(exc))
             continue
-        step = ClusterStep(context, cluster, kubernetes, prometheus, lens_db, safe_db, config)
+        turn = ClusterTurn(context, cluster, kubernetes, prometheus, lens_db, safe_db, config)
         broken: set[str] = set()
         # A cluster's turn builds millions of objects, without reference cycles, all let go at its
         # end: the cyclic collector would only rescan them over and over (about a second at the
@@ -137,7 +137,7 @@ def cluster_assets(
             try:
                 for index, part in enumerate(selected):
                     # Prometheus evaluates the next part's queries while this part works.
-                    step.prefetch(
+                    turn.prefetch(
                         [p for p in selected[index : index + 2] if not broken & {d.key for d in p.deps}]
                     )
                     upstream = [d.key for d in part.deps if d.key in broken]
@@ -148,7 +148,7 @@ def cluster_assets(
                         )
                         continue
                     try:
-                        result = part.compute(step)
+                        result = part.compute(turn)
                     except Exception as exc:
                         broken.add(part.key)
                         failures.append(PartFailure(name, part.key, f"{type(exc).__name__}: {exc}"))
@@ -161,7 +161,7 @@ def cluster_assets(
                             (name, check)
                         )
             finally:
-                step.release()
+                turn.release()
 
     failed_by_part: dict[str, dict[str, str]] = defaultdict(dict)
     for failure in failures:

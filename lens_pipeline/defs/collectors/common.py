@@ -1,7 +1,7 @@
 """What every per-cluster asset shares.
 
 Each asset is a `ClusterPart`: what it is (key, group, description, checks, upstream parts) and a
-function computing it for one cluster from a `ClusterStep` (the cluster, the run's resources and
+function computing it for one cluster from a `ClusterTurn` (the cluster, the run's resources and
 log). `lens_pipeline.defs.cluster_assets` puts every part into one Dagster multi-asset, so that
 one run can cover one cluster or a batch of them, with the collectors of a cluster sharing one
 snapshot of its Kubernetes objects.
@@ -71,7 +71,7 @@ class ClusterAssetsConfig(Config):
 
 
 @dataclass
-class ClusterStep:
+class ClusterTurn:
     """One cluster's turn in a run: its configuration, the run's resources and log."""
 
     context: AssetExecutionContext
@@ -154,10 +154,10 @@ class ClusterPart:
     kinds: frozenset[str]
     checks: dict[str, str]
     deps: tuple["ClusterPart", ...]
-    compute: Callable[[ClusterStep], MaterializeResult]
+    compute: Callable[[ClusterTurn], MaterializeResult]
     automation_condition: AutomationCondition | None = None
-    # The instant PromQL queries `compute` will ask, asked ahead by `ClusterStep.prefetch`.
-    prometheus_queries: Callable[[ClusterStep], list[str]] | None = None
+    # The instant PromQL queries `compute` will ask, asked ahead by `ClusterTurn.prefetch`.
+    prometheus_queries: Callable[[ClusterTurn], list[str]] | None = None
 
     def spec(self) -> AssetSpec:
         return AssetSpec(
@@ -185,11 +185,11 @@ def cluster_part(
     deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str],
     automation_condition: AutomationCondition | None = None,
-    prometheus_queries: Callable[[ClusterStep], list[str]] | None = None,
-) -> Callable[[Callable[[ClusterStep], MaterializeResult]], ClusterPart]:
+    prometheus_queries: Callable[[ClusterTurn], list[str]] | None = None,
+) -> Callable[[Callable[[ClusterTurn], MaterializeResult]], ClusterPart]:
     """Declare a per-cluster asset (name -> what each check guards)."""
 
-    def decorate(fn: Callable[[ClusterStep], MaterializeResult]) -> ClusterPart:
+    def decorate(fn: Callable[[ClusterTurn], MaterializeResult]) -> ClusterPart:
         return ClusterPart(
             key=fn.__name__,
             group=group,
@@ -211,8 +211,8 @@ def collector(
     checks: dict[str, str],
     deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str] = frozenset({"kubernetes", "sql"}),
-    prometheus_queries: Callable[[ClusterStep], list[str]] | None = None,
-) -> Callable[[Callable[[ClusterStep], MaterializeResult]], ClusterPart]:
+    prometheus_queries: Callable[[ClusterTurn], list[str]] | None = None,
+) -> Callable[[Callable[[ClusterTurn], MaterializeResult]], ClusterPart]:
     """A per-cluster collector, refreshed by the `collect_every_minute` schedule."""
     return cluster_part(
         group="collectors",
@@ -234,12 +234,12 @@ def check(name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> As
 class CollectorRun:
     """One collector's work on one cluster in one run."""
 
-    step: ClusterStep
+    turn: ClusterTurn
     problems: list[Problem] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.cluster = self.step.cluster
-        self.snapshot = self.step.snapshot()
+        self.cluster = self.turn.cluster
+        self.snapshot = self.turn.snapshot()
         self._started = datetime.now(UTC)
         self._stats_before = self.snapshot.reader.stats.copy()
         self._prometheus_before = self._prometheus_answers()
@@ -254,12 +254,12 @@ class CollectorRun:
     def _prometheus_answers(self) -> int:
         """Answers the cluster's Prometheus reader gave so far: shared by the parts of the turn, so
         a part counts its own as the difference, as it counts its Kubernetes reads."""
-        reader = self.step.prometheus_reader()
+        reader = self.turn.prometheus_reader()
         return reader.queries if reader is not None else 0
 
     def finish(self, metadata: dict[str, Any], checks: list[AssetCheckResult]) -> MaterializeResult:
         for problem in self.problems[:MAX_LOGGED_PROBLEMS]:
-            self.step.log.warning(f"cluster {self.cluster.name}: skipped {problem}")
+            self.turn.log.warning(f"cluster {self.cluster.name}: skipped {problem}")
         stats = self.snapshot.reader.stats.since(self._stats_before)
         return MaterializeResult(
             metadata={

@@ -8,7 +8,7 @@ from dagster import MaterializeResult
 from lens_pipeline.collect.devices import gpu_device_rows, nodes_without_gpu_series, rdma_device_rows
 from lens_pipeline.collect.nodes import gpu_models_by_node, has_gpus, ready_status
 from lens_pipeline.collect.problems import MalformedObject, object_name
-from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterTurn, CollectorRun, collector
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.prom.reader import PromError
@@ -44,17 +44,17 @@ def device_queries(dialect: Dialect) -> list[str]:
         "series_well_formed": "No GPU is reported twice, every series has a GPU index, and no value is "
         "NaN or infinite.",
     },
-    prometheus_queries=lambda step: device_queries(step.dialect()),
+    prometheus_queries=lambda turn: device_queries(turn.dialect()),
 )
-def gpu_devices(step: ClusterStep) -> MaterializeResult:
-    run = CollectorRun(step)
-    prom = step.prometheus_reader()
+def gpu_devices(turn: ClusterTurn) -> MaterializeResult:
+    run = CollectorRun(turn)
+    prom = turn.prometheus_reader()
     if prom is None:
         raise RuntimeError(
             f"cluster {run.cluster.name!r}: no prometheus_url in the registry; devices come from metrics"
         )
     snapshot = run.snapshot
-    dialect = step.dialect()
+    dialect = turn.dialect()
     models = gpu_models_by_node(snapshot.nodes, snapshot.profiles)
     not_ready, ready_gpu_nodes = set(), set()
     for node in snapshot.nodes:
@@ -89,15 +89,15 @@ def gpu_devices(step: ClusterStep) -> MaterializeResult:
             _pairs(prom.vector(dialect.nic.info_query())), dialect.nic, snapshot.node_index
         )
     except PromError as exc:
-        step.log.warning(f"{exc}; RDMA devices left as stored")
+        turn.log.warning(f"{exc}; RDMA devices left as stored")
         nics = None
 
-    with write_transaction(step.lens_db.engine()) as conn:
+    with write_transaction(turn.lens_db.engine()) as conn:
         written = write_devices(
             conn, run.cluster.name, gpus=gpus, nics=nics, now=datetime.now(UTC), keep_nodes=not_ready
         )
     silent = nodes_without_gpu_series(ready_gpu_nodes, gpus)
-    exporter = step.dialect_metadata()
+    exporter = turn.dialect_metadata()
     return run.finish(
         {
             "dagster/row_count": len(gpus),

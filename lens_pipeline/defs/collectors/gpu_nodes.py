@@ -10,7 +10,7 @@ from dagster import MaterializeResult
 
 from lens_pipeline.collect.nodes import gpu_node_rows, utilization_by_node
 from lens_pipeline.collect.pods import allocation_by_node
-from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterTurn, CollectorRun, collector
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
@@ -29,20 +29,20 @@ TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utiliza
         "every_gpu_node_has_utilization": "Every Ready GPU node has utilization series that name it "
         "(else its utilization is unknown, NULL).",
     },
-    prometheus_queries=lambda step: [p.node_utilization_query() for p in step.dialect().profiles],
+    prometheus_queries=lambda turn: [p.node_utilization_query() for p in turn.dialect().profiles],
 )
-def gpu_nodes(step: ClusterStep) -> MaterializeResult:
-    run = CollectorRun(step)
+def gpu_nodes(turn: ClusterTurn) -> MaterializeResult:
+    run = CollectorRun(turn)
     snapshot = run.snapshot
     run.problems += snapshot.pod_problems
 
-    prom = step.prometheus_reader()
+    prom = turn.prometheus_reader()
     utilization: dict[str, float] | None = {}
     unmatched: list[str] = []
     prom_error = "no prometheus_url in the registry" if prom is None else None
     if prom is not None:
         try:
-            for profile in step.dialect().profiles:
+            for profile in turn.dialect().profiles:
                 samples = prom.vector(profile.node_utilization_query())
                 found, strangers = utilization_by_node(
                     ((s.labels, s.value) for s in samples), profile.node_label, snapshot.node_index
@@ -50,10 +50,10 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
                 utilization.update(found)
                 unmatched += strangers
         except PromError as exc:
-            step.log.warning(f"{exc}; keeping each node's last stored utilization")
+            turn.log.warning(f"{exc}; keeping each node's last stored utilization")
             prom_error, utilization = str(exc), None
 
-    with write_transaction(step.lens_db.engine()) as conn:
+    with write_transaction(turn.lens_db.engine()) as conn:
         measured = utilization is not None
         if utilization is None:
             utilization = {
@@ -81,7 +81,7 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
             "allocation_rate": round(100.0 * allocated / capacity, 3) if capacity else 0.0,
             "nodes_without_utilization": len(unknown),
             **sync_metadata(result),
-            **step.dialect_metadata(),
+            **turn.dialect_metadata(),
             "nodes": markdown_table(rows, TABLE_COLUMNS),
         },
         [
@@ -98,7 +98,7 @@ def gpu_nodes(step: ClusterStep) -> MaterializeResult:
                 nodes=unknown[:20],
                 series_naming_no_node=len(unmatched),
                 unmatched_node_labels=sorted(set(unmatched))[:20],
-                **step.dialect_metadata(),
+                **turn.dialect_metadata(),
             ),
         ],
     )

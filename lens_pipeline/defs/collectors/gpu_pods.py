@@ -14,7 +14,7 @@ from lens_pipeline.collect.pods import (
     resource_version,
 )
 from lens_pipeline.collect.problems import MalformedObject, Problem, object_name
-from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterTurn, CollectorRun, collector
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.store.db import write_transaction
@@ -32,15 +32,15 @@ TABLE_COLUMNS = ("namespace", "name", "node_name", "gpu_allocated", "phase", "ru
         "pods_on_known_nodes": "Every scheduled GPU pod runs on a node the cluster lists.",
     },
 )
-def gpu_pods(step: ClusterStep) -> MaterializeResult:
-    run = CollectorRun(step)
+def gpu_pods(turn: ClusterTurn) -> MaterializeResult:
+    run = CollectorRun(turn)
     snapshot = run.snapshot
     run.problems += snapshot.pod_problems
     models = gpu_models_by_node(snapshot.nodes, snapshot.profiles)
     now = datetime.now(UTC)
 
     pod_rows, resource_rows, events, unreadable = [], [], [], set()
-    with write_transaction(step.lens_db.engine()) as conn:
+    with write_transaction(turn.lens_db.engine()) as conn:
         # Snapshots are sent while the rows are built (on PostgreSQL the database stores them
         # meanwhile); the rest is written at the end.
         snapshots = SnapshotWriter(conn, pod_snapshot, run.cluster.name, "pod_uid", now=now)

@@ -16,7 +16,7 @@ from lens_pipeline.collect.owners import (
 )
 from lens_pipeline.collect.problems import MalformedObject, Problem
 from lens_pipeline.collect.workloads import snapshot_row, workload_row
-from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterTurn, CollectorRun, collector
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
@@ -65,10 +65,10 @@ def list_owner_kinds(
     deps=[gpu_pods],
     checks={"owner_chains_resolved": "Every GPU pod's owner chain could be followed to its top."},
 )
-def gpu_workloads(step: ClusterStep) -> MaterializeResult:
-    run = CollectorRun(step)
+def gpu_workloads(turn: ClusterTurn) -> MaterializeResult:
+    run = CollectorRun(turn)
     pods = run.snapshot.gpu_pods
-    engine = step.lens_db.engine()
+    engine = turn.lens_db.engine()
     with engine.connect() as conn:
         stored = stored_workloads(conn, run.cluster.name)
 

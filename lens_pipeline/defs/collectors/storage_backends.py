@@ -6,7 +6,7 @@ from dagster import MaterializeResult
 
 from lens_pipeline.collect.problems import MalformedObject, Problem, object_name
 from lens_pipeline.collect.storage import driver_for, secret_ref, storage_row
-from lens_pipeline.defs.collectors.common import ClusterStep, CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterTurn, CollectorRun, collector
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.storage import write_storage
@@ -16,8 +16,8 @@ from lens_pipeline.store.storage import write_storage
     description="Storage backends of one cluster (JuiceFS first): the `storage` table.",
     checks={"every_backend_readable": "Every storage class a driver knows could be read with its Secret."},
 )
-def storage_backends(step: ClusterStep) -> MaterializeResult:
-    run = CollectorRun(step)
+def storage_backends(turn: ClusterTurn) -> MaterializeResult:
+    run = CollectorRun(turn)
     reader = run.snapshot.reader
     rows = []
     for storage_class in reader.list("/apis/storage.k8s.io/v1/storageclasses", lambda o: o):
@@ -31,7 +31,7 @@ def storage_backends(step: ClusterStep) -> MaterializeResult:
         except MalformedObject as exc:
             run.problems.append(Problem("StorageClass", object_name(storage_class), str(exc)))
     rows = sorted({(r["kind"], r["name"]): r for r in rows}.values(), key=lambda r: (r["kind"], r["name"]))
-    with write_transaction(step.lens_db.engine()) as conn:
+    with write_transaction(turn.lens_db.engine()) as conn:
         result = write_storage(
             conn, run.cluster.name, rows, now=datetime.now(UTC), keep_all=bool(run.problems)
         )

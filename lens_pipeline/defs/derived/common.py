@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from dagster import AutomationCondition, MaterializeResult
 
-from lens_pipeline.defs.collectors.common import ClusterPart, ClusterStep, cluster_part
+from lens_pipeline.defs.collectors.common import ClusterPart, ClusterTurn, cluster_part
 
 GROUP = "cluster_views"
 
@@ -18,7 +18,7 @@ def cluster_view(
     checks: dict[str, str],
     deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str] = frozenset({"sql"}),
-) -> Callable[[Callable[[ClusterStep], MaterializeResult]], ClusterPart]:
+) -> Callable[[Callable[[ClusterTurn], MaterializeResult]], ClusterPart]:
     """`@asset` for a per-cluster asset computed from stored tables (and Prometheus)."""
     return cluster_part(
         group=GROUP,

@@ -22,7 +22,7 @@ from lens_pipeline.collect.overview import (
     overview_row,
     storage_figures,
 )
-from lens_pipeline.defs.collectors.common import ClusterStep, check
+from lens_pipeline.defs.collectors.common import ClusterTurn, check
 from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.storage_backends import storage_backends
@@ -113,26 +113,26 @@ def prometheus_figures(
         "else the total and the usage percentage are NULL.",
     },
 )
-def cluster_overview_cache(step: ClusterStep) -> MaterializeResult:
+def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
     started = datetime.now(UTC)
-    cluster = step.cluster
-    engine = step.lens_db.engine()
+    cluster = turn.cluster
+    engine = turn.lens_db.engine()
     with engine.connect() as conn:
         nodes = overview_nodes(conn, cluster.name)
         volumes = storage_volumes(conn, cluster.name, JUICEFS)
         previous = stored_overview(conn, cluster.name)
 
-    prom = step.prometheus_reader()
+    prom = turn.prometheus_reader()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     figures: dict[str, Any] | None = None
     uncapped: list[str] = []
     if prom is not None:
         try:
             figures, uncapped = prometheus_figures(
-                prom, step.dialect(), volumes, step.prometheus.rate_window, cluster.juicefs_capacity_bytes
+                prom, turn.dialect(), volumes, turn.prometheus.rate_window, cluster.juicefs_capacity_bytes
             )
         except PromError as exc:
-            step.log.warning(f"{exc}; keeping the last stored Prometheus figures")
+            turn.log.warning(f"{exc}; keeping the last stored Prometheus figures")
             prom_error = str(exc)
     if figures is None:
         kept = ("utilization", *STORAGE_FIGURES, *RDMA_FIGURES)
@@ -174,7 +174,7 @@ def cluster_overview_cache(step: ClusterStep) -> MaterializeResult:
                 "utilization_known",
                 prom_error is not None or row["utilization"] is not None,
                 warn=True,
-                **step.dialect_metadata(),
+                **turn.dialect_metadata(),
             ),
             check(
                 "storage_capacity_known",

@@ -13,7 +13,7 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from dagster import MaterializeResult
 
-from lens_pipeline.defs.collectors.common import ClusterStep, check
+from lens_pipeline.defs.collectors.common import ClusterTurn, check
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import sync_metadata
 from lens_pipeline.defs.derived.common import cluster_view
@@ -46,13 +46,13 @@ def percent(value: float | None) -> Decimal | None:
     deps=[gpu_nodes],
     checks={"one_row_per_gpu_node": "The cluster's live rows are exactly its GPU nodes."},
 )
-def safe_node_statistic(step: ClusterStep) -> MaterializeResult:
+def safe_node_statistic(turn: ClusterTurn) -> MaterializeResult:
     now = datetime.now(UTC)
-    cluster = step.cluster
-    with step.lens_db.engine().connect() as conn:
+    cluster = turn.cluster
+    with turn.lens_db.engine().connect() as conn:
         nodes = gpu_node_utilization(conn, cluster.name)
     rows = [{"node_name": n["name"], "gpu_utilization": percent(n["gpu_utilization"])} for n in nodes]
-    with write_transaction(step.safe_db.engine()) as conn:
+    with write_transaction(turn.safe_db.engine()) as conn:
         result = write_node_statistics(conn, cluster.name, rows, now=now)
     live = len(result.inserted) + len(result.updated) + result.unchanged
     return MaterializeResult(
@@ -69,11 +69,11 @@ def safe_node_statistic(step: ClusterStep) -> MaterializeResult:
     deps=[workload_gpu_statistics],
     checks={"usage_within_bounds": "Every average and peak is a percentage with average <= peak."},
 )
-def safe_workload_statistic(step: ClusterStep) -> MaterializeResult:
+def safe_workload_statistic(turn: ClusterTurn) -> MaterializeResult:
     now = datetime.now(UTC)
-    cluster = step.cluster
+    cluster = turn.cluster
     since = (now - WINDOW).replace(minute=0, second=0, microsecond=0)
-    with step.lens_db.engine().connect() as conn:
+    with turn.lens_db.engine().connect() as conn:
         workloads = [
             w
             for w in active_workloads(conn, cluster.name)
@@ -102,7 +102,7 @@ def safe_workload_statistic(step: ClusterStep) -> MaterializeResult:
                 "data_points_count": count,
             }
         )
-    with write_transaction(step.safe_db.engine()) as conn:
+    with write_transaction(turn.safe_db.engine()) as conn:
         written = write_workload_statistics(conn, rows, now=now)
     bad = [r["workload_id"] for r in rows if not (0 <= r["avg_gpu_usage_3h"] <= r["max_gpu_usage_3h"] <= 100)]
     return MaterializeResult(

@@ -25,7 +25,7 @@ from lens_pipeline.collect.statistics import (
     instant_utilization,
     workload_window,
 )
-from lens_pipeline.defs.collectors.common import ClusterStep, check
+from lens_pipeline.defs.collectors.common import ClusterTurn, check
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
@@ -57,7 +57,7 @@ def read_pod_series(
     profiles: Sequence[VendorProfile],
     start: datetime,
     end: datetime,
-    step: float,
+    resolution: float,
     idle_below: float,
 ) -> dict[PodKey, PodSeries]:
     """Every pod's GPUs over the window, from three range queries per vendor."""
@@ -66,7 +66,7 @@ def read_pod_series(
         for query, attribute in zip(
             profile.pod_utilization_queries(idle_below), ("sums", "counts", "idle"), strict=True
         ):
-            for series in prom.matrix(query, start, end, step):
+            for series in prom.matrix(query, start, end, resolution):
                 into = getattr(pods.setdefault(profile.pod_key(series.labels), PodSeries()), attribute)
                 for t, value in series.points:
                     into[t] = into.get(t, 0.0) + value
@@ -97,11 +97,11 @@ def read_pod_now(prom: PromReader, profiles: Sequence[VendorProfile]) -> dict[Po
         "cluster (else its GPUs are attributed to nobody).",
     },
 )
-def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
+def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
     started = now = datetime.now(UTC)
-    cluster = step.cluster
-    engine = step.lens_db.engine()
-    config = step.config.statistics
+    cluster = turn.cluster
+    engine = turn.lens_db.engine()
+    config = turn.config.statistics
     resolution = float(config.step_seconds)
     with engine.connect() as conn:
         workloads = active_workloads(conn, cluster.name)
@@ -110,19 +110,19 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
         stored = stored_statistics(conn, cluster.name)
         cursor = statistics_cursor(conn, cluster.name)
 
-    # The window continues where the last run stopped, on multiples of the step, so no point is
+    # The window continues where the last run stopped, on multiples of the resolution, so no point is
     # read twice or skipped; a long pause is read from `first_window_seconds` back only.
     floor = (now - timedelta(seconds=config.first_window_seconds)).timestamp()
     first = (
         math.floor(max(cursor.timestamp() if cursor else floor, floor) / resolution) * resolution + resolution
     )
     last = math.floor(now.timestamp() / resolution) * resolution
-    prom = step.prometheus_reader()
+    prom = turn.prometheus_reader()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     series: dict[PodKey, PodSeries] = {}
     current: dict[PodKey, tuple[float, float]] = {}
     if prom is not None:
-        profiles = step.dialect().profiles
+        profiles = turn.dialect().profiles
         try:
             if last >= first:
                 series = read_pod_series(
@@ -130,7 +130,7 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
                 )
             current = read_pod_now(prom, profiles)
         except PromError as exc:
-            step.log.warning(f"{exc}; statistics keep their stored figures this run")
+            turn.log.warning(f"{exc}; statistics keep their stored figures this run")
             prom_error = str(exc)
     queried = prom_error is None and last >= first
 
@@ -210,7 +210,7 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
         if claimed:
             write_statistics(conn, rows, hourly)
         else:
-            step.log.warning(f"cluster {cluster.name}: another run added this window first; nothing written")
+            turn.log.warning(f"cluster {cluster.name}: another run added this window first; nothing written")
 
     figures_in_bounds = all(
         0.0 <= row[f"{name}_gpu_utilization"] <= 100.0
@@ -250,7 +250,7 @@ def workload_gpu_statistics(step: ClusterStep) -> MaterializeResult:
                 warn=True,
                 count=len(strangers),
                 pods=strangers[:20],
-                **step.dialect_metadata(),
+                **turn.dialect_metadata(),
             ),
         ],
     )
@@ -273,10 +273,10 @@ CONSUMER_COLUMNS = (
     deps=[workload_gpu_statistics],
     checks={"allocated_within_cluster": "The consumers together hold no more GPUs than the running pods."},
 )
-def gpu_consumers(step: ClusterStep) -> MaterializeResult:
+def gpu_consumers(turn: ClusterTurn) -> MaterializeResult:
     now = datetime.now(UTC)
-    cluster = step.cluster
-    engine = step.lens_db.engine()
+    cluster = turn.cluster
+    engine = turn.lens_db.engine()
     with engine.connect() as conn:
         workloads = active_workloads(conn, cluster.name)
         pods_of = running_pods_by_workload(conn, cluster.name)
