@@ -19,7 +19,7 @@ from lens_pipeline.collect.problems import MalformedObject, object_name
 from lens_pipeline.kube.reader import KubeError, KubeReader
 from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader
-from lens_pipeline.vendors import Dialect, profiles_for
+from lens_pipeline.vendors import JUICEFS, Dialect, profiles_for
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 # What the collectors list; each must be allowed (a read-only ClusterRole gives them all).
@@ -148,7 +148,7 @@ def _gpu_series(
     per_node: dict[str, float] = {}
     strangers: set[str] = set()
     for profile in dialect.profiles:
-        for sample in prom.vector(f"count by ({profile.node_label}) ({profile.util_metric})"):
+        for sample in prom.vector(profile.series_per_node_query()):
             value = sample.labels.get(profile.node_label, "")
             node = index.resolve(value)
             if node is None:
@@ -193,7 +193,7 @@ def _infiniband(
         findings.append(Finding(name, "infiniband", OK, dialect.found.get("infiniband", "no series")))
         return
     label = dialect.nic.node_label
-    values = [s.labels.get(label, "") for s in prom.vector(f"count by ({label}) ({dialect.nic.info_metric})")]
+    values = [s.labels.get(label, "") for s in prom.vector(dialect.nic.nodes_query())]
     strangers = {v or f"(no {label})" for v in values if index.resolve(v) is None}
     if strangers:
         findings.append(
@@ -206,14 +206,11 @@ def _infiniband(
 
 
 def _storage(cluster: ClusterConfig, prom: PromReader, findings: list[Finding]) -> None:
-    totals = {
-        s.labels.get("vol_name", ""): s.value for s in prom.vector("avg by (vol_name) (juicefs_total_space)")
-    }
+    queries, volume = JUICEFS.figure_queries("1m"), JUICEFS.volume_label
+    totals = {s.labels.get(volume, ""): s.value for s in prom.vector(queries["total_space"])}
     if not totals:
         return
-    used = {
-        s.labels.get("vol_name", ""): s.value for s in prom.vector("avg by (vol_name) (juicefs_used_space)")
-    }
+    used = {s.labels.get(volume, ""): s.value for s in prom.vector(queries["used_space"])}
     uncapped = {
         v
         for v, total in totals.items()

@@ -64,6 +64,10 @@ class VendorProfile:
         labels = ", ".join((self.node_label, self.gpu_index_label, self.serial_label, self.model_label))
         return f"max by ({labels}) ({self.util_metric})"
 
+    def series_per_node_query(self) -> str:
+        """How many GPU series each node label value has (what `lens doctor` counts)."""
+        return f"count by ({self.node_label}) ({self.util_metric})"
+
     def duplicate_query(self) -> str:
         """GPUs that more than one series reports (an exporter scraped twice, two exporters)."""
         return f"count by ({self.node_label}, {self.gpu_index_label}) ({self.util_metric}) > 1"
@@ -190,6 +194,10 @@ class NicProfile:
         )
         return f"max by ({labels}) ({self.info_metric})"
 
+    def nodes_query(self) -> str:
+        """The node label values of the InfiniBand series, one sample each."""
+        return f"count by ({self.node_label}) ({self.info_metric})"
+
     def traffic_queries(self, window: str) -> tuple[str, str]:
         """The fleet's RDMA bytes per second, received and transmitted: a rate of each port's counter
         summed (the original's `rate(sum(...))` took the rate of a sum, wrong across resets)."""
@@ -199,6 +207,37 @@ class NicProfile:
 
 
 INFINIBAND = NicProfile()
+
+
+@dataclass(frozen=True)
+class StorageProfile:
+    """JuiceFS volumes as their clients' metrics show them: space and inodes from every mount
+    (averaged: the same figure many times over) and FUSE traffic per mount (a rate of each, summed),
+    by `vol_name`."""
+
+    kind: str = "juicefs"
+    volume_label: str = "vol_name"
+    gauges: tuple[tuple[str, str], ...] = (
+        ("total_space", "juicefs_total_space"),
+        ("used_space", "juicefs_used_space"),
+        ("total_inodes", "juicefs_total_inodes"),
+        ("used_inodes", "juicefs_used_inodes"),
+    )
+    counters: tuple[tuple[str, str], ...] = (
+        ("read_bandwidth", "juicefs_fuse_read_size_bytes_sum"),
+        ("write_bandwidth", "juicefs_fuse_written_size_bytes_sum"),
+    )
+
+    def figure_queries(self, window: str) -> dict[str, str]:
+        """Figure -> one query grouped by volume, whatever the number of volumes and mounts."""
+        by = f"by ({self.volume_label})"
+        return {
+            **{figure: f"avg {by} ({metric})" for figure, metric in self.gauges},
+            **{figure: f"sum {by} (rate({metric}[{window}]))" for figure, metric in self.counters},
+        }
+
+
+JUICEFS = StorageProfile()
 
 
 # -- learning a cluster's dialect --------------------------------------------------------------

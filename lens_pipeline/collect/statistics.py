@@ -166,3 +166,17 @@ def accumulate(
         "idle_gpu_seconds": float(previous.get("idle_gpu_seconds") or 0.0) + window.idle_gpu_seconds,
         **{column.format(name): value for name, value in figures.items()},
     }
+
+
+def window_bounds(
+    cursor: float | None, now: float, first_window_seconds: float, resolution: float
+) -> tuple[float, float]:
+    """(first, last) unix times of the points a statistics run reads: it continues where the last
+    run stopped (`cursor`), on multiples of `resolution`, so that no point is read twice or skipped;
+    a first run, or one after a long pause, reads from `first_window_seconds` back only. Nothing
+    new yet when last < first."""
+    floor = now - first_window_seconds
+    start = max(cursor if cursor is not None else floor, floor)
+    first = math.floor(start / resolution) * resolution + resolution
+    last = math.floor(now / resolution) * resolution
+    return first, last

@@ -11,7 +11,8 @@ from lens_pipeline.collect.overview import (
     juicefs_space_capacity,
     storage_figures,
 )
-from lens_pipeline.vendors import AMD, NVIDIA, ExporterOverrides, learn_dialect, learn_profile
+from lens_pipeline.collect.statistics import window_bounds
+from lens_pipeline.vendors import AMD, JUICEFS, NVIDIA, ExporterOverrides, learn_dialect, learn_profile
 
 AMD_LABELS = {"hostname", "gpu_id", "serial_number", "card_model", "card_series", "pod", "namespace"}
 AMD_METRICS = {"gpu_gfx_activity", "gpu_junction_temperature", "gpu_package_power", "gpu_total_vram"}
@@ -176,3 +177,22 @@ def test_a_pod_label_that_is_the_scrape_targets_means_exported_pod_even_with_no_
     table["DCGM_FI_DEV_GPU_UTIL"] = labels | {"exported_pod", "exported_namespace"}
     learn_dialect("nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), target_labels_of=targets)
     assert asked == []
+
+
+@pytest.mark.parametrize(
+    ("cursor", "now", "expected"),
+    [
+        (None, 1000.0, (420.0, 990.0)),  # first run: from 600 s back, on multiples of 30 s
+        (960.0, 1000.0, (990.0, 990.0)),  # continues after the last point read
+        (990.0, 1000.0, (1020.0, 990.0)),  # nothing new yet: last < first
+        (10.0, 5000.0, (4410.0, 4980.0)),  # after a long pause: 600 s back only
+    ],
+)
+def test_statistics_windows_continue_on_multiples_of_the_resolution(cursor, now, expected):
+    assert window_bounds(cursor, now, first_window_seconds=600, resolution=30) == expected
+
+
+def test_juicefs_queries_are_one_per_figure_grouped_by_volume():
+    queries = JUICEFS.figure_queries("2m")
+    assert queries["total_space"] == "avg by (vol_name) (juicefs_total_space)"
+    assert queries["read_bandwidth"] == "sum by (vol_name) (rate(juicefs_fuse_read_size_bytes_sum[2m]))"

@@ -30,21 +30,7 @@ from lens_pipeline.defs.derived.common import cluster_view
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.overview import overview_nodes, storage_volumes, stored_overview, write_overview
-from lens_pipeline.vendors import Dialect
-
-JUICEFS = "juicefs"
-# JuiceFS reports a volume's space and inodes from every mount (averaged: the same figure many
-# times) and its FUSE traffic per mount (a rate of each, summed).
-JUICEFS_GAUGES = {
-    "total_space": "juicefs_total_space",
-    "used_space": "juicefs_used_space",
-    "total_inodes": "juicefs_total_inodes",
-    "used_inodes": "juicefs_used_inodes",
-}
-JUICEFS_COUNTERS = {
-    "read_bandwidth": "juicefs_fuse_read_size_bytes_sum",
-    "write_bandwidth": "juicefs_fuse_written_size_bytes_sum",
-}
+from lens_pipeline.vendors import JUICEFS, Dialect
 
 
 def prometheus_figures(
@@ -58,16 +44,11 @@ def prometheus_figures(
         sum_query, count_query = profile.utilization_sum_queries()
         total += sum(s.value for s in prom.vector(sum_query))
         count += sum(s.value for s in prom.vector(count_query))
-    figures: dict[str, dict[str, float]] = {name: {} for name in (*JUICEFS_GAUGES, *JUICEFS_COUNTERS)}
-    queries = {
-        **{name: f"avg by (vol_name) ({metric})" for name, metric in JUICEFS_GAUGES.items()},
-        **{
-            name: f"sum by (vol_name) (rate({metric}[{window}]))" for name, metric in JUICEFS_COUNTERS.items()
-        },
-    }
+    queries = JUICEFS.figure_queries(window)
+    figures: dict[str, dict[str, float]] = {name: {} for name in queries}
     if volumes:
         for name, query in queries.items():
-            figures[name] = {s.labels.get("vol_name", ""): s.value for s in prom.vector(query)}
+            figures[name] = {s.labels.get(JUICEFS.volume_label, ""): s.value for s in prom.vector(query)}
     stored, uncapped = [], []
     for volume in volumes:
         seen = {name: values.get(volume) for name, values in figures.items()}
@@ -119,7 +100,7 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
     engine = turn.lens_db.engine()
     with engine.connect() as conn:
         nodes = overview_nodes(conn, cluster.name)
-        volumes = storage_volumes(conn, cluster.name, JUICEFS)
+        volumes = storage_volumes(conn, cluster.name, JUICEFS.kind)
         previous = stored_overview(conn, cluster.name)
 
     prom = turn.prometheus_reader()

@@ -9,9 +9,8 @@ threshold) and two instant ones, whatever the number of workloads. Pods roll up 
 above them through `workload_pod_reference`.
 """
 
-import math
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from dagster import MaterializeResult, MetadataValue
@@ -23,6 +22,7 @@ from lens_pipeline.collect.statistics import (
     Window,
     accumulate,
     instant_utilization,
+    window_bounds,
     workload_window,
 )
 from lens_pipeline.defs.collectors.common import ClusterTurn, check
@@ -110,13 +110,9 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
         stored = stored_statistics(conn, cluster.name)
         cursor = statistics_cursor(conn, cluster.name)
 
-    # The window continues where the last run stopped, on multiples of the resolution, so no point is
-    # read twice or skipped; a long pause is read from `first_window_seconds` back only.
-    floor = (now - timedelta(seconds=config.first_window_seconds)).timestamp()
-    first = (
-        math.floor(max(cursor.timestamp() if cursor else floor, floor) / resolution) * resolution + resolution
+    first, last = window_bounds(
+        cursor.timestamp() if cursor else None, now.timestamp(), config.first_window_seconds, resolution
     )
-    last = math.floor(now.timestamp() / resolution) * resolution
     prom = turn.prometheus_reader()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     series: dict[PodKey, PodSeries] = {}
