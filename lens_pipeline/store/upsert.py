@@ -13,6 +13,7 @@ first run's time.
 
 from __future__ import annotations
 
+import functools
 import io
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,22 @@ from functools import partial
 from operator import itemgetter
 from typing import Any, Literal, cast
 
-from sqlalchemy import ColumnElement, Connection, Table, and_, delete, func, not_, select, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Table,
+    and_,
+    bindparam,
+    delete,
+    func,
+    not_,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy import column as sql_column
+from sqlalchemy import table as sql_table
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Dialect
 
 from lens_pipeline.memory import paused_gc
@@ -105,8 +121,13 @@ def bulk_upsert(
 
 
 def _columns_of(table: Table, rows: Sequence[Mapping[str, Any]], key: Sequence[str]) -> list[str]:
-    """The columns every row carries (the same for all, the key among them), or ValueError."""
-    columns = list(rows[0])
+    """The columns every row carries (the same for all, the key among them), in the table's order
+    (the order SQLAlchemy's insert constructs put their parameters in), or ValueError."""
+    place = {column.name: index for index, column in enumerate(table.c)}
+    unknown = [c for c in rows[0] if c not in place]
+    if unknown:
+        raise ValueError(f"{table.name}: rows have columns the table has not: {unknown}")
+    columns = sorted(rows[0], key=place.__getitem__)
     missing = [k for k in key if k not in columns]
     if missing:
         raise ValueError(f"{table.name}: rows lack key columns {missing}")
@@ -270,27 +291,58 @@ def _upsert_sql(
     key: Sequence[str],
     update_columns: Sequence[str],
 ) -> str:
-    """The dialect's upsert of `columns` on the logical `key`, in the driver's parameter style."""
-    quote = dialect.identifier_preparer.quote
-    names = ", ".join(quote(c) for c in columns)
-    target = f"{dialect.identifier_preparer.format_table(table)} ({names})"
-    conflict = ", ".join(quote(k) for k in key)
+    """`_compiled_upsert`, compiled once per table, columns and dialect for the process."""
+    return _compiled_upsert(dialect, table, tuple(columns), tuple(key), tuple(update_columns))
+
+
+@functools.lru_cache(maxsize=512)
+def _compiled_upsert(
+    dialect: Dialect,
+    table: Table,
+    columns: tuple[str, ...],
+    key: tuple[str, ...],
+    update_columns: tuple[str, ...],
+) -> str:
+    """The dialect's upsert of `columns` on the logical `key` (SQLAlchemy's own insert constructs),
+    as SQL text with positional parameters in `columns` order, for the driver's `executemany`
+    (SQLite, MySQL) or over the COPY stage (PostgreSQL): executed on the raw cursor, it costs
+    what hand-written text cost (docs/BENCHMARKS.md)."""
+    values: dict[str, Any] = {c: bindparam(c) for c in columns}
     if dialect.name in ("mysql", "mariadb"):
-        # MySQL has no DO NOTHING; assigning a key column to itself is the no-op update.
-        sets = ", ".join(f"{quote(c)} = VALUES({quote(c)})" for c in update_columns)
-        sets = sets or f"{quote(key[0])} = {quote(key[0])}"
-        placeholders = ", ".join(["%s"] * len(columns))
-        return f"INSERT INTO {target} VALUES ({placeholders}) ON DUPLICATE KEY UPDATE {sets}"
+        stmt = mysql.insert(table).values(values)
+        # MySQL has no DO NOTHING: a key column assigned itself is the no-op update.
+        sets = {c: stmt.inserted[c] for c in update_columns} or {key[0]: table.c[key[0]]}
+        return _positional(stmt.on_duplicate_key_update(sets), dialect, columns)
     if dialect.name == "postgresql":
-        values = f'SELECT {names} FROM "{_stage_name(table)}"'  # filled by `_copy_into_stage`
-    elif dialect.name == "sqlite":
-        values = f"VALUES ({', '.join(['?'] * len(columns))})"
-    else:
-        raise NotImplementedError(f"bulk upsert does not support the {dialect.name!r} dialect")
-    if not update_columns:
-        return f"INSERT INTO {target} {values} ON CONFLICT ({conflict}) DO NOTHING"
-    sets = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in update_columns)
-    return f"INSERT INTO {target} {values} ON CONFLICT ({conflict}) DO UPDATE SET {sets}"
+        stage = sql_table(_stage_name(table), *(sql_column(c) for c in columns))
+        insert_stmt = postgresql.insert(table).from_select(list(columns), select(stage))
+        if not update_columns:
+            return str(insert_stmt.on_conflict_do_nothing(index_elements=list(key)).compile(dialect=dialect))
+        sets = {c: insert_stmt.excluded[c] for c in update_columns}
+        return str(
+            insert_stmt.on_conflict_do_update(index_elements=list(key), set_=sets).compile(dialect=dialect)
+        )
+    if dialect.name == "sqlite":
+        lite = sqlite.insert(table).values(values)
+        if not update_columns:
+            return _positional(lite.on_conflict_do_nothing(index_elements=list(key)), dialect, columns)
+        updates = {c: lite.excluded[c] for c in update_columns}
+        return _positional(
+            lite.on_conflict_do_update(index_elements=list(key), set_=updates), dialect, columns
+        )
+    raise NotImplementedError(f"bulk upsert does not support the {dialect.name!r} dialect")
+
+
+def _positional(stmt: Any, dialect: Dialect, columns: Sequence[str]) -> str:
+    """`stmt` as text whose parameters are positional, in `columns` order: PyMySQL's dialect names
+    its parameters, and the driver takes `%s` too (a dialect of the same class, positional; it
+    renders `VALUES(c)` in ON DUPLICATE KEY UPDATE, which MariaDB and MySQL both take)."""
+    if not dialect.positional:
+        dialect = type(dialect)(paramstyle="format")  # type: ignore[call-arg]
+    compiled = stmt.compile(dialect=dialect)
+    if list(compiled.positiontup or ()) != list(columns):
+        raise RuntimeError(f"upsert of {columns!r} compiled with parameters {compiled.positiontup!r}")
+    return str(compiled)
 
 
 def _driver_values(
@@ -307,7 +359,7 @@ def _driver_columns(
     (timestamps to UTC, JSON to text...); a column without one passes its values through untouched."""
     by_column = [[row[c] for row in rows] for c in columns]
     for column, values in zip(columns, by_column, strict=True):
-        process = table.c[column].type._cached_bind_processor(dialect)
+        process = table.c[column].type.bind_processor(dialect)
         if process is not None:
             _convert(values, process)
     return by_column
