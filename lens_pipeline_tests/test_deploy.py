@@ -113,8 +113,7 @@ def test_every_process_has_its_deployment_and_every_reference_exists():
 
 
 def test_the_production_instance_loads_with_postgres_and_the_k8s_run_launcher(tmp_path, monkeypatch):
-    from dagster import DagsterInstance
-    from dagster._core.run_coordinator import QueuedRunCoordinator
+    from dagster import DagsterInstance, QueuedRunCoordinator
     from dagster_k8s import K8sRunLauncher
 
     from lens_pipeline.sim.fleet import SimFleet

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dagster import AssetKey, build_schedule_context, instance_for_test
-from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from dagster import AssetKey, DagsterRun, DagsterRunStatus, build_schedule_context, instance_for_test
 from sqlalchemy import select
 
 from lens_pipeline.defs import resources
 from lens_pipeline.defs.collectors.schedules import collect_every_minute, failing_clusters
-from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.defs.partitions import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    CLUSTER_PARTITIONS_NAME,
+)
 from lens_pipeline.defs.resources import (
     ClusterRegistryResource,
     KubernetesResource,

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dagster import DagsterRunStatus, SensorResult, SkipReason, build_sensor_context, instance_for_test
-from dagster._core.storage.dagster_run import DagsterRun
+from dagster import (
+    DagsterRun,
+    DagsterRunStatus,
+    SensorResult,
+    SkipReason,
+    build_sensor_context,
+    instance_for_test,
+)
 
 from lens_pipeline.defs.containers.sensors import (
     CONTAINER_EVENTS_TAG,

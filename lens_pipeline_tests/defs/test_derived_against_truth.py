@@ -8,12 +8,15 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 from dagster import instance_for_test
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 from sqlalchemy import select
 
 from lens_pipeline.collect.overview import OVERVIEW_FIGURES
 from lens_pipeline.defs import resources
-from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.defs.partitions import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    CLUSTER_PARTITIONS_NAME,
+)
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, SafeDatabase
 from lens_pipeline.sim.dialects import DIALECTS
 from lens_pipeline.sim.fleet import SimCluster, SimFleet

@@ -8,18 +8,24 @@ import pytest
 import yaml
 from dagster import (
     AssetMaterialization,
+    DagsterRun,
+    DagsterRunStatus,
     SensorResult,
     SkipReason,
     build_schedule_context,
     build_sensor_context,
     instance_for_test,
 )
-from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from lens_pipeline.defs.collectors.schedules import collect_every_minute, collection_requests
 from lens_pipeline.defs.fleet.sensors import cluster_registry_sensor
-from lens_pipeline.defs.partitions import BATCH_TAG, CLUSTER_PARTITIONS_NAME, CLUSTER_TAG
+from lens_pipeline.defs.partitions import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    BATCH_TAG,
+    CLUSTER_PARTITIONS_NAME,
+    CLUSTER_TAG,
+)
 from lens_pipeline.defs.resources import ClusterRegistryResource
 
 

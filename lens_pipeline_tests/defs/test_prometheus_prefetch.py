@@ -7,10 +7,13 @@ import time
 
 import pytest
 from dagster import instance_for_test
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from lens_pipeline.defs.collectors.gpu_devices import device_queries
-from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.defs.partitions import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    CLUSTER_PARTITIONS_NAME,
+)
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.sim.fleet import SimFleet
