@@ -39,12 +39,9 @@ IDLE_BELOW = 5.0
 STATISTICS = {"step_seconds": 1, "idle_threshold_percent": IDLE_BELOW, "first_window_seconds": 60}
 
 
-def run_cluster(
-    cluster: str, registry, lens_url: str, safe_url: str, instance, failing: frozenset[str] = frozenset()
-) -> None:
-    """Every asset of `cluster` once; every check passes but those named in `failing`, which fail."""
-    result = materialize_cluster(
-        partition_key=cluster,
+def materialize_everything(registry, lens_url: str, safe_url: str, instance, **partitions):
+    """Every asset, for the cluster (`partition_key=`) or the range of clusters (`tags=`) given."""
+    return materialize_cluster(
         instance=instance,
         run_config=statistics_config(STATISTICS),
         resources={
@@ -53,7 +50,15 @@ def run_cluster(
             "lens_db": LensDatabase(url=lens_url),
             "safe_db": SafeDatabase(url=safe_url),
         },
+        **partitions,
     )
+
+
+def run_cluster(
+    cluster: str, registry, lens_url: str, safe_url: str, instance, failing: frozenset[str] = frozenset()
+) -> None:
+    """Every asset of `cluster` once; every check passes but those named in `failing`, which fail."""
+    result = materialize_everything(registry, lens_url, safe_url, instance, partition_key=cluster)
     assert result.success
     for check in result.get_asset_check_evaluations():
         assert check.passed != (check.check_name in failing), (
@@ -227,15 +232,12 @@ def test_every_dialect_alone_on_both_vendors_gives_the_truth(tmp_path, db_urls):
         registry = write_registry(tmp_path / "clusters.yaml", server)
         # Nothing configured: not even the vendor.
         edit_registry(registry, lambda document: [e.update(vendor="auto") for e in document["clusters"]])
-        result = materialize_cluster(
-            instance=instance,
+        result = materialize_everything(
+            registry,
+            lens_url,
+            safe_url,
+            instance,
             tags={ASSET_PARTITION_RANGE_START_TAG: names[0], ASSET_PARTITION_RANGE_END_TAG: names[-1]},
-            run_config=statistics_config(STATISTICS),
-            resources={
-                "registry": ClusterRegistryResource(clusters_file=str(registry)),
-                "lens_db": LensDatabase(url=lens_url),
-                "safe_db": SafeDatabase(url=safe_url),
-            },
         )
         assert result.success
         uncapped = sorted(c.name for c in fleet if not c.dialect.juicefs_quota)
