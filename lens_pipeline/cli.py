@@ -17,7 +17,9 @@ from typing import Any
 
 from lens_pipeline import settings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+# The local instance and workspace the demo starts, installed with the package (the repository's
+# top-level dagster.yaml and workspace.yaml are links to them).
+INSTANCE_DIR = Path(__file__).resolve().parent / "instance"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +232,7 @@ def _demo(args: argparse.Namespace) -> int:
         shutil.rmtree(state)
     home = state / "dagster_home"
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    shutil.copyfile(INSTANCE_DIR / "dagster.yaml", home / "dagster.yaml")
     # Dagster's own event stream and the sidecars' logs go to files; the console keeps the demo's lines.
     logs = {name: state / f"{name}.log" for name in ("dagster", "api", "ingest")}
     started_at = datetime.now(UTC)
@@ -265,7 +267,7 @@ def _demo(args: argparse.Namespace) -> int:
         str(dagster) if dagster.exists() else "dagster",
         "dev",
         "-w",
-        str(REPO_ROOT / "workspace.yaml"),
+        str(INSTANCE_DIR / "workspace.yaml"),
         "-h",
         "127.0.0.1",
         "-p",

@@ -179,3 +179,16 @@ def test_dagster_asset_materialize_and_job_backfill_from_the_shell(tmp_path):
     with get_engine(lens_url).connect() as conn:
         rows = conn.execute(select(cluster_overview_cache.c.cluster_name)).all()
     assert sorted(r[0] for r in rows) == sorted(names)
+
+
+def test_the_demo_finds_its_instance_in_the_package_not_the_checkout():
+    """`pip install .` (not editable) ships no repository: the demo's dagster.yaml and workspace.yaml
+    are package data, and the checkout's top-level files are links to them."""
+    from lens_pipeline import cli
+
+    root = Path(cli.__file__).resolve().parents[1]
+    for name in ("dagster.yaml", "workspace.yaml"):
+        packaged = cli.INSTANCE_DIR / name
+        assert packaged.is_file() and cli.INSTANCE_DIR.is_relative_to(Path(cli.__file__).resolve().parent)
+        assert (root / name).resolve() == packaged.resolve()
+    assert "REPO_ROOT" not in Path(cli.__file__).read_text()
