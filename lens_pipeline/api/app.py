@@ -506,7 +506,15 @@ class _FleetCollector:
         self.engine = engine
 
     def collect(self) -> Any:
-        rates, consumers, quarantined = queries.metrics_rows(self.engine)
+        rates, consumers, quarantined, freshness = queries.metrics_rows(self.engine)
+        collected = GaugeMetricFamily(
+            "lens_cluster_last_collected_timestamp_seconds",
+            "When each asset of each cluster was last materialized (unix seconds): alert on time() minus this",
+            labels=["cluster", "asset"],
+        )
+        for row in freshness:
+            collected.add_metric([row["cluster_name"], row["asset"]], row["materialized_at"].timestamp())
+        yield collected
         letters = CounterMetricFamily(
             "lens_container_events_quarantined",
             "Container events set aside in container_event_dead_letter (could not be logged or applied)",

@@ -15,6 +15,7 @@ from sqlalchemy.sql import ColumnElement
 from lens_pipeline.collect.overview import OVERVIEW_FIGURES, overview_row, weighted_utilization
 from lens_pipeline.store.overview import overview_nodes
 from lens_pipeline.store.schema import (
+    asset_freshness,
     cluster_overview_cache,
     container_event_dead_letter,
     gpu_consumers,
@@ -341,9 +342,9 @@ def workload_tree(conn: Connection, cluster: str, uid: str) -> Row | None:
     return build(root, frozenset({uid}))
 
 
-def metrics_rows(engine: Engine) -> tuple[list[Row], list[Row], list[Row]]:
-    """Every cluster's allocation rate, every consumer, and the quarantined container events per
-    cluster and stage, for `/metrics`."""
+def metrics_rows(engine: Engine) -> tuple[list[Row], list[Row], list[Row], list[Row]]:
+    """Every cluster's allocation rate, every consumer, the quarantined container events per
+    cluster and stage, and when each asset of each cluster was last materialized, for `/metrics`."""
     letters = container_event_dead_letter.c
     with engine.connect() as conn:
         rates = _rows(
@@ -356,7 +357,13 @@ def metrics_rows(engine: Engine) -> tuple[list[Row], list[Row], list[Row]]:
                 letters.cluster_name, letters.stage
             ),
         )
-    return rates, consumer_rows, quarantined
+        freshness = _rows(
+            conn,
+            select(
+                asset_freshness.c.cluster_name, asset_freshness.c.asset, asset_freshness.c.materialized_at
+            ),
+        )
+    return rates, consumer_rows, quarantined, freshness
 
 
 def unix(value: datetime | None) -> int:

@@ -18,6 +18,7 @@ import traceback
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from dagster import (
@@ -32,6 +33,7 @@ from dagster import (
     MetadataValue,
     multi_asset,
 )
+from sqlalchemy.exc import SQLAlchemyError
 
 from lens_pipeline.clusters import ClusterNotFound
 from lens_pipeline.defs.collectors.common import (
@@ -57,6 +59,8 @@ from lens_pipeline.defs.resources import (
     SafeDatabase,
 )
 from lens_pipeline.memory import paused_gc
+from lens_pipeline.store.db import write_transaction
+from lens_pipeline.store.overview import record_materialized
 
 # gpu_devices comes after gpu_pods (its queries are asked while gpu_pods works: listing is done then,
 # so Prometheus does not slow the API's pages) and before gpu_workloads (its answers are let go
@@ -130,6 +134,7 @@ def cluster_assets(
             continue
         turn = ClusterTurn(context, cluster, kubernetes, prometheus, lens_db, safe_db, config)
         broken: set[str] = set()
+        done: list[str] = []
         # A cluster's turn builds millions of objects, without reference cycles, all let go at its
         # end: the cyclic collector would only rescan them over and over (about a second at the
         # envelope). The collector is back at work once they are let go.
@@ -155,6 +160,7 @@ def cluster_assets(
                         context.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
                         continue
                     materialized += 1
+                    done.append(part.key)
                     yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
                     for check in result.check_results or ():
                         checks[AssetCheckKey(AssetKey(part.key), check.check_name or "")].append(
@@ -162,6 +168,8 @@ def cluster_assets(
                         )
             finally:
                 turn.release()
+        if done:
+            _record_materialized(lens_db, name, done, context)
 
     failed_by_part: dict[str, dict[str, str]] = defaultdict(dict)
     for failure in failures:
@@ -176,6 +184,16 @@ def cluster_assets(
             + "; ".join(f"{f.cluster}/{f.part}: {f.error}" for f in failures[:10]),
             metadata={"failures": MetadataValue.json([f.__dict__ for f in failures[:100]])},
         )
+
+
+def _record_materialized(lens_db: LensDatabase, cluster: str, assets: list[str], context: Any) -> None:
+    """Per cluster and asset, when it was last materialized (`/metrics` of `lens api`); a failure to
+    record it is logged, never the cluster's failure."""
+    try:
+        with write_transaction(lens_db.engine()) as conn:
+            record_materialized(conn, cluster, assets, now=datetime.now(UTC))
+    except SQLAlchemyError as exc:
+        context.log.warning(f"cluster {cluster}: freshness of {', '.join(assets)} not recorded: {exc}")
 
 
 def merged_check(

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from lens_pipeline.store.schema import cluster_overview_cache, node, storage
+from lens_pipeline.store.schema import asset_freshness, cluster_overview_cache, node, storage
 from lens_pipeline.store.upsert import bulk_upsert
 
 NODE_COLUMNS = ("name", "gpu_count", "gpu_allocation", "gpu_utilization", "status", "taints")
@@ -38,3 +38,9 @@ def write_overview(conn: Connection, cluster_name: str, figures: dict[str, float
     """Upsert the cluster's row; `created_at` stays the first computation's time."""
     row = {"cluster_name": cluster_name, **figures, "created_at": now, "updated_at": now}
     bulk_upsert(conn, cluster_overview_cache, [row])
+
+
+def record_materialized(conn: Connection, cluster_name: str, assets: list[str], *, now: datetime) -> None:
+    """The cluster's `assets` were materialized at `now` (its turn's end)."""
+    rows = [{"cluster_name": cluster_name, "asset": asset, "materialized_at": now} for asset in assets]
+    bulk_upsert(conn, asset_freshness, rows)

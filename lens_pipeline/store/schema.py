@@ -382,6 +382,18 @@ container_event_dead_letter = Table(
     sqlite_autoincrement=True,
 )
 
+# When each asset of each cluster was last materialized (written at the end of the cluster's turn):
+# what `lens api`'s /metrics exposes for per-cluster staleness alerts.
+asset_freshness = Table(
+    "asset_freshness",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("asset", String(128), nullable=False),
+    Column("materialized_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "asset"),
+)
+
 # §1.15
 storage = Table(
     "storage",

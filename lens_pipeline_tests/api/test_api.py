@@ -343,6 +343,14 @@ def test_consumers_and_metrics_have_no_series_for_ended_consumers(served):
     }
     assert mine == {r["uid"]: r["gpu_allocated"] for r in rows}
     assert all(0 <= v <= 100 for v in before["consumer_pod_gpu_usage"].values())  # no x100 (§10.4)
+    # Per cluster and asset, when it was last materialized: what a staleness alert reads.
+    collected = {
+        dict(k)["asset"]: v
+        for k, v in before["lens_cluster_last_collected_timestamp_seconds"].items()
+        if dict(k)["cluster"] == cluster
+    }
+    assert set(collected) >= {"gpu_nodes", "gpu_pods", "gpu_devices", "cluster_overview_cache"}
+    assert all(time.time() - 600 < v <= time.time() for v in collected.values())
 
     gone = rows[0]
     engine = get_engine(lens_url)
