@@ -526,9 +526,16 @@ class _FleetCollector:
         rate = GaugeMetricFamily(
             "gpu_allocation_rate", "Allocated GPUs of healthy GPU nodes, percent (0-100)", labels=["cluster"]
         )
+        ratio = GaugeMetricFamily(
+            "lens_gpu_allocation_ratio",
+            "Allocated GPUs of healthy GPU nodes, as a ratio (0-1, the base unit)",
+            labels=["cluster"],
+        )
         for row in rates:
             rate.add_metric([row["cluster_name"]], row["allocation_rate"])
+            ratio.add_metric([row["cluster_name"]], row["allocation_rate"] / 100.0)
         yield rate
+        yield ratio
         labels = ["cluster", "kind", "name", "namespace", "uid"]
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "gpu_utilization": GaugeMetricFamily(
@@ -546,11 +553,18 @@ class _FleetCollector:
                 labels=labels,
             ),
         }
+        usage_ratio = GaugeMetricFamily(
+            "lens_consumer_gpu_utilization_ratio",
+            "Mean utilization of the consumer's GPUs, as a ratio (0-1, the base unit)",
+            labels=labels,
+        )
         for row in consumers:
             values = [row["cluster_name"], row["kind"], row["name"], row["namespace"], row["uid"]]
             for column, family in families.items():
                 family.add_metric(values, float(row[column]))
+            usage_ratio.add_metric(values, float(row["gpu_utilization"]) / 100.0)
         yield from families.values()
+        yield usage_ratio
 
 
 def app_from_environment() -> FastAPI:

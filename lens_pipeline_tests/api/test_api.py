@@ -343,6 +343,13 @@ def test_consumers_and_metrics_have_no_series_for_ended_consumers(served):
     }
     assert mine == {r["uid"]: r["gpu_allocated"] for r in rows}
     assert all(0 <= v <= 100 for v in before["consumer_pod_gpu_usage"].values())  # no x100 (§10.4)
+    # Base units beside the original's percentages.
+    assert before["lens_gpu_allocation_ratio"] == pytest.approx(
+        {k: v / 100 for k, v in before["gpu_allocation_rate"].items()}
+    )
+    assert before["lens_consumer_gpu_utilization_ratio"] == pytest.approx(
+        {k: v / 100 for k, v in before["consumer_pod_gpu_usage"].items()}
+    )
     # Per cluster and asset, when it was last materialized: what a staleness alert reads.
     collected = {
         dict(k)["asset"]: v
