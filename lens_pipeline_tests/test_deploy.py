@@ -8,6 +8,7 @@ the simulator's Kubernetes API), and every container's command starts from this 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lens_pipeline_tests.conftest import _server_database
+from lens_pipeline_tests.conftest import _server_database, skip_unless
 from lens_pipeline_tests.ingest.support import free_port
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -254,3 +255,49 @@ def test_the_image_installs_the_deploy_extra_and_runs_the_code_location(path):
     text = (DEPLOY / path).read_text()
     assert "'.[deploy]'" in text and "lens_pipeline.definitions" in text
     assert "COPY deploy/dagster.yaml deploy/workspace.yaml" in text
+
+
+def _rendered(directory: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    skip_unless(kubectl is not None, "Debian's kubectl is not installed (apt-get install kubernetes-client)")
+    done = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def _images(documents: list[dict]) -> tuple[set[str], set[str]]:
+    """Every container image, and every DAGSTER_CURRENT_IMAGE value, of the rendered workloads."""
+    images, current = set(), set()
+    for document in documents:
+        spec = document.get("spec", {}).get("template", {}).get("spec", {})
+        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            images.add(container["image"])
+            current |= {e["value"] for e in container.get("env", []) if e["name"] == "DAGSTER_CURRENT_IMAGE"}
+    return images, current
+
+
+def test_every_run_job_gets_the_code_locations_image_as_rendered(tmp_path):
+    """What `kubectl apply -k` applies, not the sources: the image each run's Job takes
+    (DAGSTER_CURRENT_IMAGE) is the code location's, also when an overlay renames the image (the
+    overlay repeats the base's `replacements`, as deploy/README.md says)."""
+    images, current = _images(_rendered(DEPLOY))
+    assert images == current == {"registry.example.com/lens-pipeline:latest"}
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(DEPLOY, overlay)],
+                "replacements": kustomization()["replacements"],  # as deploy/README.md says
+                "images": [
+                    {
+                        "name": "registry.example.com/lens-pipeline",
+                        "newName": "gpu.corp/lens",
+                        "newTag": "2.1",
+                    }
+                ],
+            }
+        )
+    )
+    images, current = _images(_rendered(overlay))
+    assert images == current == {"gpu.corp/lens:2.1"}
