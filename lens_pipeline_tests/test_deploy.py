@@ -41,6 +41,12 @@ def by_kind(kind: str) -> dict[str, dict]:
     return {d["metadata"]["name"]: d for d in manifests() if d["kind"] == kind}
 
 
+def example_secrets() -> dict[str, dict]:
+    """The Secrets the operator creates (not applied by the kustomization): deploy/examples."""
+    documents = yaml.safe_load_all((DEPLOY / "examples" / "secrets.yaml").read_text())
+    return {d["metadata"]["name"]: d for d in documents if d and d["kind"] == "Secret"}
+
+
 def containers(name: str) -> dict[str, dict]:
     spec = by_kind("Deployment")[name]["spec"]["template"]["spec"]
     return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
@@ -69,7 +75,7 @@ def test_every_process_has_its_deployment_and_every_reference_exists():
         "lens-api",
     }
     config_maps = set(by_kind("ConfigMap")) | {g["name"] for g in kustomization()["configMapGenerator"]}
-    secrets = set(by_kind("Secret"))
+    secrets = set(example_secrets())
     accounts = set(by_kind("ServiceAccount"))
     image = kustomization()["images"][0]["name"]
     for name, deployment in deployments.items():
@@ -109,7 +115,7 @@ def test_every_process_has_its_deployment_and_every_reference_exists():
     data = by_kind("ConfigMap")["lens-config"]["data"]
     assert {"DAGSTER_HOME", "LENS_CLUSTERS_FILE", "LENS_CLUSTERS_PER_RUN"} <= set(data)
     assert {"DAGSTER_POSTGRES_URL", "LENS_DATABASE_URL", "LENS_SAFE_DATABASE_URL"} <= set(
-        by_kind("Secret")["lens-secrets"]["stringData"]
+        example_secrets()["lens-secrets"]["stringData"]
     )
 
 
@@ -192,10 +198,10 @@ def test_every_container_command_starts_from_this_checkout(tmp_path):
         "LENS_CLUSTERS_FILE": str(tmp_path / "clusters.yaml"),
     }
     (tmp_path / "clusters.yaml").write_text(
-        by_kind("Secret")["lens-cluster-registry"]["stringData"]["clusters.yaml"]
+        example_secrets()["lens-cluster-registry"]["stringData"]["clusters.yaml"]
     )
     tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(by_kind("Secret")["lens-ingest-tokens"]["stringData"]["tokens.yaml"])
+    tokens.write_text(example_secrets()["lens-ingest-tokens"]["stringData"]["tokens.yaml"])
 
     migrate = containers("lens-code-location")["migrate"]["command"]
     done = subprocess.run([str(BIN / migrate[0]), *migrate[1:]], env=env, capture_output=True, text=True)
@@ -301,3 +307,32 @@ def test_every_run_job_gets_the_code_locations_image_as_rendered(tmp_path):
     )
     images, current = _images(_rendered(overlay))
     assert images == current == {"gpu.corp/lens:2.1"}
+
+
+def test_the_rendered_workloads_meet_the_restricted_profile_and_probe_every_process():
+    """On `kubectl kustomize`'s output: every pod runs as non-root with seccomp RuntimeDefault, every
+    container without privilege escalation or capabilities on a read-only root filesystem, every
+    long-running container has liveness and readiness probes, no Secret is applied (they are the
+    operator's), and run Jobs are kept 10 minutes, as the restricted runs' pods."""
+    documents = _rendered(DEPLOY)
+    assert not [d for d in documents if d["kind"] == "Secret"]
+    deployments = [d for d in documents if d["kind"] == "Deployment"]
+    assert len(deployments) == 5
+    for deployment in deployments:
+        name, spec = deployment["metadata"]["name"], deployment["spec"]["template"]["spec"]
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, (name, container["name"])
+            assert context["capabilities"] == {"drop": ["ALL"]} and context["readOnlyRootFilesystem"]
+        for container in spec["containers"]:
+            assert "livenessProbe" in container, (name, container["name"])
+            if container["name"] != "daemon":  # the daemon serves nothing to be ready for
+                assert "readinessProbe" in container, (name, container["name"])
+            assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    launcher = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())["run_launcher"]["config"][
+        "run_k8s_config"
+    ]
+    assert launcher["job_spec_config"]["ttl_seconds_after_finished"] == 600
+    assert launcher["pod_spec_config"]["security_context"]["runAsNonRoot"] is True
