@@ -8,6 +8,7 @@ the simulator's Kubernetes API), and every container's command starts from this 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 import yaml
 
 from lens_pipeline_tests.conftest import _server_database, skip_unless
@@ -256,11 +256,38 @@ def test_every_container_command_starts_from_this_checkout(tmp_path):
             assert flag in shown.stdout, (deployment, flag)
 
 
-@pytest.mark.parametrize("path", ["Dockerfile"])
-def test_the_image_installs_the_deploy_extra_and_runs_the_code_location(path):
-    text = (DEPLOY / path).read_text()
-    assert "'.[deploy]'" in text and "lens_pipeline.definitions" in text
-    assert "COPY deploy/dagster.yaml deploy/workspace.yaml" in text
+def _locked(path: Path) -> set[str]:
+    """The package names a lock pins (each with its hashes)."""
+    text = path.read_text()
+    names = {line.split("==")[0].lower() for line in text.splitlines() if line and line[0].isalpha()}
+    assert text.count("--hash=sha256:") >= len(names)
+    return names
+
+
+def test_the_image_installs_the_locked_set_before_the_source_in_two_stages():
+    """What can be checked without a Docker engine: the Dockerfile installs the hash-checked lock
+    of the deploy extra before it copies the source (dependencies stay a cached layer), in a build
+    stage the final image copies the environment from; the lock pins every dependency pyproject
+    names and nothing of the test tools; the build context leaves out what the image never needs."""
+    import tomllib
+
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert text.count("FROM ") == 2 and "COPY --from=build /opt/venv /opt/venv" in text
+    lock_install = text.index("--require-hashes -r /tmp/deploy.lock")
+    assert lock_install < text.index("COPY lens_pipeline") < text.index("--no-deps /src")
+    root = DEPLOY.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["deploy"]]
+    names = {re.split(r"[<>=\[;]", d)[0].strip().lower().replace("_", "-") for d in wanted}
+    deploy_lock = _locked(root / "requirements" / "deploy.lock")
+    assert names <= deploy_lock, names - deploy_lock
+    assert not deploy_lock & {"pytest", "ruff", "selenium", "hypothesis", "mypy"}
+    assert _locked(root / "requirements" / "ci.lock") >= deploy_lock | {"pytest", "ruff"}
+    ignored = (root / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "lens_pipeline_tests"} <= set(ignored)
+    for copied in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.MULTILINE):
+        for source in copied.split():
+            assert (root / source).exists() and source.split("/")[0] not in ignored, source
 
 
 def _rendered(directory: Path) -> list[dict]:
