@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -32,6 +33,18 @@ def stored_overview(conn: Connection, cluster_name: str) -> dict[str, Any] | Non
         select(cluster_overview_cache).where(cluster_overview_cache.c.cluster_name == cluster_name)
     ).first()
     return dict(row._mapping) if row is not None else None
+
+
+def kept_figures(previous: Mapping[str, Any] | None, names: tuple[str, ...]) -> dict[str, Any]:
+    """The last stored value of each figure, for a turn whose Prometheus did not answer.
+
+    With no stored row yet, a figure that may be unknown is NULL; the others (RDMA, used space,
+    bandwidth: zero when nothing is measured) start at 0.0, as their NOT NULL columns require.
+    """
+    previous = previous or {}
+    return {
+        name: previous.get(name, None if cluster_overview_cache.c[name].nullable else 0.0) for name in names
+    }
 
 
 def write_overview(conn: Connection, cluster_name: str, figures: dict[str, float], *, now: datetime) -> None:

@@ -258,3 +258,41 @@ def test_every_dialect_alone_on_both_vendors_gives_the_truth(tmp_path, db_urls):
             nodes = {n["name"]: n for n in table(lens_url, node, cluster.name)}
             for expected_node in truth(server, cluster.name)["nodes"]:
                 assert nodes[expected_node["name"]]["driver_version"] == expected_node["driver_version"]
+
+
+def test_first_overview_without_prometheus_stores_the_kubernetes_figures(tmp_path, db_urls):
+    """A cluster registered without `prometheus_url` has no previous row to keep figures from:
+    its first overview (selected with the Kubernetes collectors it reads; `gpu_devices` needs
+    Prometheus) stores the node counts and the allocation rate, leaves what only Prometheus knows
+    unknown (NULL) or at its measured-nothing zero, and says so in a warning check."""
+    fleet = SimFleet.generate(clusters=1, nodes=4, seed=8, vendor="amd")
+    (cluster,) = fleet
+    lens_url, safe_url = db_urls
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [cluster.name])
+        registry = write_registry(tmp_path / "clusters.yaml", server)
+        edit_registry(registry, lambda document: document["clusters"][0].pop("prometheus_url"))
+        result = materialize_cluster(
+            ["gpu_nodes", "storage_backends", "cluster_overview_cache"],
+            instance=instance,
+            partition_key=cluster.name,
+            resources={
+                "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                "lens_db": LensDatabase(url=lens_url),
+                "safe_db": SafeDatabase(url=safe_url),
+            },
+        )
+        assert result.success
+        fresh = {
+            c.check_name: c.passed
+            for c in result.get_asset_check_evaluations()
+            if c.check_name == "prometheus_fresh"
+        }
+        assert fresh == {"prometheus_fresh": False}
+        (row,) = table(lens_url, cluster_overview_cache, cluster.name)
+        want = truth(server, cluster.name)["overview"]
+        assert row["total_nodes"] == want["total_nodes"] and row["allocation_rate"] == pytest.approx(
+            want["allocation_rate"]
+        )
+        assert row["utilization"] is None and row["storage_total_space"] is None
+        assert row["rdma_total_rx"] == 0.0 and row["storage_used_space"] == 0.0

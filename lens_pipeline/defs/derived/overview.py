@@ -29,7 +29,13 @@ from lens_pipeline.defs.collectors.storage_backends import storage_backends
 from lens_pipeline.defs.derived.common import cluster_view
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.overview import overview_nodes, storage_volumes, stored_overview, write_overview
+from lens_pipeline.store.overview import (
+    kept_figures,
+    overview_nodes,
+    storage_volumes,
+    stored_overview,
+    write_overview,
+)
 from lens_pipeline.vendors import JUICEFS, Dialect
 
 
@@ -116,8 +122,7 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
             turn.log.warning(f"{exc}; keeping the last stored Prometheus figures")
             prom_error = str(exc)
     if figures is None:
-        kept = ("utilization", *STORAGE_FIGURES, *RDMA_FIGURES)
-        figures = {name: (previous or {}).get(name) for name in kept}
+        figures = kept_figures(previous, ("utilization", *STORAGE_FIGURES, *RDMA_FIGURES))
     row = overview_row(
         nodes,
         utilization=figures["utilization"],
