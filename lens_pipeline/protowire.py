@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-LENGTH_DELIMITED = 2
+VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
+FIXED_WIDTH = {FIXED64: 8, FIXED32: 4}
 
 
 class WireError(ValueError):
@@ -25,15 +26,27 @@ def varint(raw: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def length_delimited_fields(raw: bytes) -> Iterator[tuple[int, bytes]]:
-    """(field number, bytes) of every field of a message whose fields are all length-delimited
-    (strings, bytes, messages); WireError for any other wire type or truncated bytes."""
+def length_delimited_fields(raw: bytes, *, skip_scalars: bool = False) -> Iterator[tuple[int, bytes]]:
+    """(field number, bytes) of every length-delimited field (strings, bytes, messages) of a message.
+
+    Strict by default: WireError for any other wire type, as for a message whose fields must all be
+    length-delimited. With `skip_scalars`, varint and fixed-width fields (numbers, bools) are
+    stepped over. WireError for truncated bytes and for group wire types either way."""
     i, end = 0, len(raw)
     try:
         while i < end:
             key, i = varint(raw, i)
-            if key & 7 != LENGTH_DELIMITED:
-                raise WireError(f"field {key >> 3} has wire type {key & 7}, not length-delimited")
+            wire_type = key & 7
+            if skip_scalars and wire_type == VARINT:
+                _, i = varint(raw, i)
+                continue
+            if skip_scalars and wire_type in FIXED_WIDTH:
+                i += FIXED_WIDTH[wire_type]
+                if i > end:
+                    raise WireError("truncated")
+                continue
+            if wire_type != LENGTH_DELIMITED:
+                raise WireError(f"field {key >> 3} has wire type {wire_type}, not length-delimited")
             length, i = varint(raw, i)
             if i + length > end:
                 raise WireError("truncated")

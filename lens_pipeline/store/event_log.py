@@ -342,7 +342,7 @@ class LoggedEvent:
             # The whole ContainerEvent as the agent sent it: its `data` (field 3, a Struct), merged
             # as protobuf merges a repeated message field, without the generated class.
             data = struct_pb2.Struct()
-            for number, value in length_delimited_fields(bytes(self.payload)):
+            for number, value in length_delimited_fields(bytes(self.payload), skip_scalars=True):
                 if number == CONTAINER_EVENT_DATA_FIELD:
                     data.MergeFromString(value)
             return _struct_to_dict(data)

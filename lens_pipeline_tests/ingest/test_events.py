@@ -8,6 +8,7 @@ import pytest
 
 from lens_pipeline.ingest.events import ContainerEvent, Origin, Refused, event_key, from_grpc, from_json
 from lens_pipeline.sim import node_agent as agent
+from lens_pipeline.store.event_log import LoggedEvent
 from lens_pipeline_tests.ingest.support import container_id, gpu_container
 
 NOW = datetime(2026, 11, 22, 6, 0, tzinfo=UTC)
@@ -134,3 +135,26 @@ def test_http_events_are_checked_the_same_way():
         with pytest.raises(Refused) as refused:
             from_json(broken, K8S, NOW)
         assert refused.value.reason == reason
+
+
+def test_an_event_with_number_fields_is_read_back_from_the_log():
+    """A stored event is the agent's bytes as sent; numbers in it (an agent echoing `sequence`)
+    are stepped over when the log reads its `data` back, never a reason to lose the event."""
+    data = gpu_container(1, "Running")
+    row = from_grpc(_event(node="node-1", sequence=2**40, data=data), K8S, NOW)
+    assert row["payload_format"] == "event"
+    logged = LoggedEvent(
+        id=1,
+        index=0,
+        cluster="east",
+        source="k8s",
+        event_type="Running",
+        container_id=container_id(1),
+        node_name="node-1",
+        event_id=None,
+        needs_processing=True,
+        payload=row["payload"],
+        payload_format=row["payload_format"],
+        received_at=NOW,
+    )
+    assert logged.data() == data
