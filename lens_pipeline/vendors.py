@@ -55,9 +55,15 @@ class VendorProfile:
     # The metric prefix this cluster's exporter was configured with ('' as shipped).
     metric_prefix: str = ""
 
+    @property
+    def measured_util(self) -> str:
+        """The utilization series with a number in them: a GPU whose exporter reports NaN (it could
+        not read the counter) is left out of means and sums rather than making them NaN or 0."""
+        return f"{self.util_metric} >= 0"
+
     def node_utilization_query(self) -> str:
         """One grouped query for every node's mean GPU utilization (never one query per node)."""
-        return f"avg by ({self.node_label}) ({self.util_metric})"
+        return f"avg by ({self.node_label}) ({self.measured_util})"
 
     def identity_query(self) -> str:
         """Every GPU with its identity labels and utilization, in one query."""
@@ -78,7 +84,7 @@ class VendorProfile:
     def utilization_sum_queries(self) -> tuple[str, str]:
         """The sum and the count of every GPU's utilization: their ratio is the cluster's mean, and
         clusters with GPUs of both vendors add up."""
-        return f"sum({self.util_metric})", f"count({self.util_metric})"
+        return f"sum({self.measured_util})", f"count({self.measured_util})"
 
     def pod_key(self, labels: Mapping[str, str]) -> tuple[str, str]:
         """(namespace, pod) of a per-pod series of `pod_utilization_queries`."""
@@ -89,7 +95,8 @@ class VendorProfile:
         utilization, their count, and how many of them are under `idle_below` percent."""
         held = f'{self.util_metric}{{{self.pod_label}!=""}}'
         by = f"by ({self.namespace_label}, {self.pod_label})"
-        return f"sum {by} ({held})", f"count {by} ({held})", f"count {by} ({held} < {idle_below:g})"
+        # `>= 0` and `<` both leave NaN (a GPU the exporter could not read) out.
+        return f"sum {by} ({held} >= 0)", f"count {by} ({held} >= 0)", f"count {by} ({held} < {idle_below:g})"
 
     def driver_version(self, labels: Mapping[str, str]) -> str:
         """The driver version a node's labels give, in today's spelling or the older one."""
