@@ -373,6 +373,8 @@ def _taken_ports(ports: dict[str, int]) -> dict[str, int]:
         if not port:
             continue
         with socket.socket() as sock:
+            # As the servers bind (SO_REUSEADDR): a port left in TIME_WAIT by the last demo is free.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:

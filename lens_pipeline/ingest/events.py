@@ -227,7 +227,7 @@ def _check_value(key: str, kind: str, value: Any) -> None:
     if kind == "string" and isinstance(value, str) and "\x00" in value:
         raise Refused("malformed_data", f"data.{key} contains a NUL character")
     number = isinstance(value, int | float) and not isinstance(value, bool)
-    if key == "created_at" and number and not (math.isfinite(value) and 0 <= value <= MAX_CREATED_AT_NANOS):
+    if key == "created_at" and number and not (math.isfinite(value) and 0 <= value < MAX_CREATED_AT_NANOS):
         raise Refused(
             "malformed_data",
             f"data.created_at must be nanoseconds since the epoch before 2200, not {value!r:.40}",

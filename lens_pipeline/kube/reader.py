@@ -9,6 +9,8 @@ that expired (410 Gone) restarts the whole list, so one LIST is always one consi
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import logging
 import os
@@ -115,6 +117,16 @@ def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
 
 _PEM_FILES: dict[str, str] = {}
 _PEM_LOCK = threading.Lock()
+
+
+@atexit.register
+def _remove_pem_files() -> None:
+    """Leave no credential behind in the temporary directory when the process ends."""
+    with _PEM_LOCK:
+        for path in _PEM_FILES.values():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        _PEM_FILES.clear()
 
 
 def _pem_file(data: str | None) -> str | None:

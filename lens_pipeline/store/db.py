@@ -35,10 +35,11 @@ SQLITE_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
 
 # A URL that names no driver gets the first of these that is installed (SQLAlchemy 2.1's own default,
 # psycopg 3 / mysqlclient, is tried first); we ship psycopg2 and PyMySQL.
+# The drivers the package depends on (and is tested with) first; the others when only they are there.
 _DRIVERS = {
-    "postgresql": ("psycopg", "psycopg2"),
-    "mysql": ("mysqldb", "pymysql"),
-    "mariadb": ("mysqldb", "pymysql"),
+    "postgresql": ("psycopg2", "psycopg"),
+    "mysql": ("pymysql", "mysqldb"),
+    "mariadb": ("pymysql", "mysqldb"),
 }
 _DRIVER_MODULES = {"psycopg": "psycopg", "psycopg2": "psycopg2", "mysqldb": "MySQLdb", "pymysql": "pymysql"}
 
