@@ -314,16 +314,17 @@ def learn_profile(
     metric_names: Iterable[str],
     label_names: Iterable[str],
     overrides: ExporterOverrides = ExporterOverrides(),
-    target_labels: Iterable[str] = (),
+    pod_is_targets: bool = False,
 ) -> VendorProfile:
     """`profile` as the cluster's Prometheus speaks it: the metric names it has (an override, or the
     shipped name under the prefix found for the utilization metric), the label naming the node and
     the labels naming the pod holding a GPU. With metric names known, figures whose metric is
     absent are dropped; with none (Prometheus not asked), the shipped names are kept.
 
-    `target_labels` are the labels the scrape configuration gives the exporter's targets: when
-    `pod` is one of them, the exporter's own `pod` can only be `exported_pod` (honor_labels:
-    false), even while no GPU is held and no `exported_pod` exists yet to learn from."""
+    `pod_is_targets` says the series' `pod` values are all their scrape targets' own (the
+    exporter pods', as `up` has them): then the pod holding a GPU can only be `exported_pod`
+    (honor_labels: false), even while no GPU is held and no `exported_pod` exists yet to learn
+    from. Under honor_labels: true a held GPU's `pod` is the workload's, which `up` never has."""
     names, labels = set(metric_names), set(label_names)
     prefix = _prefix(profile, names, overrides)
     figures = {}
@@ -343,7 +344,7 @@ def learn_profile(
     pairs = [(profile.pod_label, profile.namespace_label), *profile.pod_label_aliases]
     pod_pairs = [(f"{EXPORTED_PREFIX}{p}", f"{EXPORTED_PREFIX}{n}") for p, n in pairs] + pairs
     pod_label, namespace_label = next((pair for pair in pod_pairs if pair[0] in labels), pairs[0])
-    if pod_label == profile.pod_label and pod_label in set(target_labels):
+    if pod_label == profile.pod_label and pod_is_targets:
         pod_label, namespace_label = pod_pairs[0]
     return replace(
         profile,
@@ -378,11 +379,11 @@ def learn_dialect(
     metric_names: Iterable[str],
     labels_of: Callable[[str], Iterable[str]],
     overrides: ExporterOverrides = ExporterOverrides(),
-    target_labels_of: Callable[[str], Iterable[str]] = lambda metric: (),
+    pod_is_targets_of: Callable[[str, str], bool] = lambda metric, pod_label: False,
 ) -> Dialect:
     """The dialect of a cluster's Prometheus from its metric names and, for each exporter found, the
     label names of its series (`labels_of(metric)`, one cheap request each) and, when its `pod`
-    label could be the scrape target's, the labels of its targets (`target_labels_of(metric)`)."""
+    label could be the scrape target's, whether it is (`pod_is_targets_of(metric, pod_label)`)."""
     names = set(metric_names)
     wanted = profiles_for(vendor)
     learned_list = []
@@ -392,8 +393,8 @@ def learn_dialect(
             continue
         labels = set(labels_of(util))
         ambiguous = profile.pod_label in labels and f"{EXPORTED_PREFIX}{profile.pod_label}" not in labels
-        targets = target_labels_of(util) if ambiguous and not overrides.pod_label else ()
-        learned_list.append(learn_profile(profile, names, labels, overrides, targets))
+        from_targets = ambiguous and not overrides.pod_label and pod_is_targets_of(util, profile.pod_label)
+        learned_list.append(learn_profile(profile, names, labels, overrides, from_targets))
     learned = tuple(learned_list)
     found = {p.name: describe_profile(p) for p in learned}
     missing = []

@@ -11,5 +11,5 @@ from lens_pipeline.vendors import Dialect, ExporterOverrides, learn_dialect
 def read_dialect(prom: PromReader, vendor: str, overrides: ExporterOverrides) -> Dialect:
     """What `prom` really has (raises `PromError` when it cannot be asked)."""
     return learn_dialect(
-        vendor, prom.metric_names(), prom.label_names, overrides, target_labels_of=prom.target_label_names
+        vendor, prom.metric_names(), prom.label_names, overrides, pod_is_targets_of=prom.pod_is_targets
     )

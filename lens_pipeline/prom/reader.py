@@ -170,12 +170,17 @@ class PromReader:
             raise PromError(self.cluster, query, f"malformed response: {names!r:.200}")
         return {str(n) for n in names}
 
-    def target_label_names(self, metric: str) -> set[str]:
-        """The label names of the scrape targets exporting `metric` (their `up` series): what the
-        scrape configuration adds, as opposed to what the exporter wrote."""
-        jobs = sorted({s.labels.get("job", "") for s in self.vector(f"count by (job) ({metric})")} - {""})
-        quoted = (job.replace("\\", "\\\\").replace('"', '\\"') for job in jobs)
-        return self.label_names(*(f'up{{job="{job}"}}' for job in quoted)) if jobs else set()
+    def pod_is_targets(self, metric: str, pod_label: str) -> bool:
+        """Whether every series of `metric` carries the `pod_label` of its scrape target (the same
+        (instance, pod) as the target's `up` series): the scrape configuration's label, not one the
+        exporter wrote (which honor_labels: true keeps, and `up` never has)."""
+
+        def pairs(query: str) -> set[tuple[str, str]]:
+            return {(s.labels.get("instance", ""), s.labels.get(pod_label, "")) for s in self.vector(query)}
+
+        by = f"count by (instance, {pod_label})"
+        series, targets = pairs(f"{by} ({metric})"), pairs(f"{by} (up)")  # always two requests
+        return bool(series) and all(pod for _, pod in series) and series <= targets
 
     @staticmethod
     def _recent(lookback_seconds: float) -> dict[str, str]:

@@ -153,29 +153,33 @@ def test_one_volume_without_capacity_makes_the_total_unknown_not_smaller():
 
 def test_a_pod_label_that_is_the_scrape_targets_means_exported_pod_even_with_no_gpu_held():
     """honor_labels: false while no GPU is held: no `exported_pod` yet, and `pod` names the exporter's
-    own pod. The exporter targets' labels tell: their `pod` is the scrape configuration's."""
+    own pod. Whether the series' `pod` is their targets' (as `up` has it) tells."""
     labels = {"Hostname", "gpu", "UUID", "pod", "namespace", "container", "instance", "job"}
-    asked: list[str] = []
+    asked: list[tuple[str, str]] = []
 
-    def targets(metric: str) -> set[str]:
-        asked.append(metric)
-        return {"pod", "namespace", "container", "instance", "job"}
+    def targets(answer: bool):
+        def pod_is_targets(metric: str, pod_label: str) -> bool:
+            asked.append((metric, pod_label))
+            return answer
+
+        return pod_is_targets
 
     table = {"DCGM_FI_DEV_GPU_UTIL": labels}
     (nvidia,) = learn_dialect(
-        "nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), target_labels_of=targets
+        "nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), pod_is_targets_of=targets(True)
     ).profiles
     assert (nvidia.pod_label, nvidia.namespace_label) == ("exported_pod", "exported_namespace")
-    assert asked == ["DCGM_FI_DEV_GPU_UTIL"]
-    # Targets without a pod label (static or node-role scrapes): the exporter's `pod` is the workload's.
+    assert asked == [("DCGM_FI_DEV_GPU_UTIL", "pod")]
+    # A `pod` the targets do not have (honor_labels: true and a GPU held, or targets without a pod
+    # label): the exporter's `pod` is the workload's, even though `up` has a `pod` label too.
     (nvidia,) = learn_dialect(
-        "nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), target_labels_of=lambda m: {"instance", "job"}
+        "nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), pod_is_targets_of=targets(False)
     ).profiles
     assert nvidia.pod_label == "pod"
     # With `exported_pod` seen, nothing more is asked.
     asked.clear()
     table["DCGM_FI_DEV_GPU_UTIL"] = labels | {"exported_pod", "exported_namespace"}
-    learn_dialect("nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), target_labels_of=targets)
+    learn_dialect("nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), pod_is_targets_of=targets(True))
     assert asked == []
 
 

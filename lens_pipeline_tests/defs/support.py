@@ -57,7 +57,7 @@ def statistics_config(config: dict) -> dict:
 
 # Prometheus requests that learn a cluster's exporter dialect, once per turn, when its GPUs carry a
 # `pod` label (lens_pipeline.prom.dialect): metric names, the GPU series' labels, the exporter
-# targets' jobs and their labels, the InfiniBand series' labels.
+# series' and the exporter targets' (instance, pod) pairs, the InfiniBand series' labels.
 DIALECT_REQUESTS = 5
 
 # Nothing listens on port 9 (discard) here: connections are refused at once.
