@@ -139,10 +139,12 @@ def test_the_cyclic_collector_is_paused_inside_and_back_after(freeze):
             built = [[n] for n in range(1000)]  # lists: always tracked by the collector
             with paused_gc():  # nested: still paused, and nothing frozen yet
                 assert not gc.isenabled()
-            assert not gc.isenabled() and gc.get_freeze_count() == frozen
+            # Other threads' frozen objects may be freed meanwhile: the count drifts by a few, not
+            # by the thousand lists built here.
+            assert not gc.isenabled() and gc.get_freeze_count() < frozen + len(built) // 2
         assert gc.isenabled()
         # Frozen: what was built is out of the collector's sight; not frozen: left where it was.
-        assert (gc.get_freeze_count() >= frozen + len(built)) is freeze
+        assert (gc.get_freeze_count() >= frozen + len(built) // 2) is freeze
     finally:
         gc.unfreeze()
         gc.enable()
