@@ -33,9 +33,8 @@ SQLITE_BUSY_TIMEOUT_MS = 60_000
 SQLITE_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
 
 
-# A URL that names no driver gets the first of these that is installed (SQLAlchemy 2.1's own default,
-# psycopg 3 / mysqlclient, is tried first); we ship psycopg2 and PyMySQL.
-# The drivers the package depends on (and is tested with) first; the others when only they are there.
+# A URL that names no driver gets the first of these that is installed: the drivers the package
+# depends on and is tested with (psycopg2, PyMySQL) first, SQLAlchemy's others when only they are.
 _DRIVERS = {
     "postgresql": ("psycopg2", "psycopg"),
     "mysql": ("pymysql", "mysqldb"),
