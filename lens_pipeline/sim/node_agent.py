@@ -19,6 +19,8 @@ from typing import Any
 
 import grpc
 
+from lens_pipeline.protowire import varint
+
 CONTRACT = Path(__file__).resolve().parents[1] / "ingest" / "contract" / "exporter.proto"
 SERVICE = "/exporter.ExporterService/"
 K8S_METHOD = SERVICE + "StreamContainerEvents"
@@ -274,31 +276,20 @@ def _extra_fields(data: bytes) -> tuple[int, str]:
     sequence, error = 0, ""
     i = 0
     while i < len(data):
-        key, i = _read_varint(data, i)
+        key, i = varint(data, i)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            value, i = _read_varint(data, i)
+            value, i = varint(data, i)
             if number == ACK_SEQUENCE_FIELD:
                 sequence = value
         elif wire == 2:
-            length, i = _read_varint(data, i)
+            length, i = varint(data, i)
             if number == ERROR_FIELD:
                 error = data[i : i + length].decode()
             i += length
         else:
             raise ValueError(f"unexpected wire type {wire} in a reply")
     return sequence, error
-
-
-def _read_varint(data: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i
-        shift += 7
 
 
 def paced(events: Sequence[bytes], per_second: float) -> Iterator[bytes]:
