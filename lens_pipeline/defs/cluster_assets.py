@@ -4,14 +4,18 @@ them, as one Dagster multi-asset partitioned by cluster.
 A run covers one cluster or a batch of them (a range of cluster partitions): each cluster in turn
 has its collectors, then its views, computed on one snapshot of its Kubernetes objects, released
 before the next cluster. Clusters are isolated from each other: when a part fails for one cluster,
-that cluster gets no materialization of the part (nor of the parts below it), the error is logged
-and shown by the cluster's partition status, and the run goes on with the other clusters. A run
-fails (and is retried with backoff) when it covered one cluster, or when nothing at all succeeded.
-The process start and code load, which cost more than collecting a 100-node cluster, are then
-paid once per batch instead of once per cluster (docs/SCALING.md).
+that cluster gets no materialization of the part (nor of the parts below it), the error is logged,
+and the run goes on with the other clusters. Once every cluster has had its turn, a run in which
+any part failed ends as failed: Dagster marks a partition failed only when the run that planned it
+failed, so this is what turns the broken cluster's partitions red in the UI while the clusters
+materialized by the same run stay green. A batch is not retried as a whole (the healthy clusters
+are done); the schedule's next tick runs the failing cluster alone, with retries.
+The process start and code load, which cost more than collecting a 100-node cluster, are paid once
+per batch instead of once per cluster (docs/SCALING.md).
 
 With `can_subset`, the UI, backfills and declarative automation can still materialize any subset
-of the assets.
+of the assets; a backfill is cut into runs of at most `$LENS_CLUSTERS_PER_RUN` clusters, so every
+run ends well inside run monitoring's limit.
 """
 
 import traceback
@@ -35,6 +39,7 @@ from dagster import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
+from lens_pipeline import settings
 from lens_pipeline.clusters import ClusterNotFound
 from lens_pipeline.defs.collectors.common import (
     COLLECTOR_RETRY,
@@ -95,8 +100,9 @@ class PartFailure:
     partitions_def=cluster_partitions,
     can_subset=True,
     retry_policy=COLLECTOR_RETRY,
-    # A backfill over many clusters is one run (per contiguous range), not one run per cluster.
-    backfill_policy=BackfillPolicy.single_run(),
+    # A backfill over many clusters runs in batches, as the schedule's runs do: each run pays the
+    # process start once for many clusters and still ends well inside run monitoring's limit.
+    backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=settings.clusters_per_run()),
     description="The collectors and the views derived from them, for one cluster or a batch of clusters.",
 )
 def cluster_assets(
@@ -121,7 +127,6 @@ def cluster_assets(
     loaded = registry.load()
     checks: dict[AssetCheckKey, list[tuple[str, AssetCheckResult]]] = defaultdict(list)
     failures: list[PartFailure] = []
-    materialized = 0
     for name in names:
         if name in held:
             context.log.warning(f"cluster {name}: another run is collecting it; left to that run")
@@ -159,7 +164,6 @@ def cluster_assets(
                         failures.append(PartFailure(name, part.key, f"{type(exc).__name__}: {exc}"))
                         context.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
                         continue
-                    materialized += 1
                     done.append(part.key)
                     yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
                     for check in result.check_results or ():
@@ -178,11 +182,18 @@ def cluster_assets(
         results, failed = checks.get(key, []), failed_by_part.get(key.asset_key.path[-1], {})
         if results or failed:  # nothing to say when every cluster was left to other runs
             yield merged_check(key, results, failed)
-    if failures and (len(names) == 1 or materialized == 0):
+    if failures:
+        failed_clusters = sorted({f.cluster for f in failures})
         raise Failure(
-            description=f"{len(failures)} asset(s) of {len(names)} cluster(s) failed: "
+            description=f"{len(failed_clusters)} of {len(names)} cluster(s) failed "
+            f"({', '.join(failed_clusters[:10])}); {len(failures)} asset(s) not materialized: "
             + "; ".join(f"{f.cluster}/{f.part}: {f.error}" for f in failures[:10]),
-            metadata={"failures": MetadataValue.json([f.__dict__ for f in failures[:100]])},
+            metadata={
+                "failed_clusters": MetadataValue.json(failed_clusters[:100]),
+                "failures": MetadataValue.json([f.__dict__ for f in failures[:100]]),
+            },
+            # Op retries are for a cluster alone: a batch's healthy clusters are already written.
+            allow_retries=len(names) == 1,
         )
 
 
