@@ -19,28 +19,20 @@ run ends well inside run monitoring's limit.
 """
 
 import traceback
-from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
 from dagster import (
-    AssetCheckKey,
     AssetCheckResult,
-    AssetCheckSeverity,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
     BackfillPolicy,
-    Failure,
-    MetadataValue,
     multi_asset,
 )
-from sqlalchemy.exc import SQLAlchemyError
 
 from lens_pipeline import settings
 from lens_pipeline.clusters import ClusterNotFound
+from lens_pipeline.defs.batches import BatchReport, record_materialized_now
 from lens_pipeline.defs.collectors.common import (
     COLLECTOR_RETRY,
     ClusterAssetsConfig,
@@ -64,8 +56,6 @@ from lens_pipeline.defs.resources import (
     SafeDatabase,
 )
 from lens_pipeline.memory import paused_gc
-from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.overview import record_materialized
 
 # gpu_devices comes after gpu_pods (its queries are asked while gpu_pods works: listing is done then,
 # so Prometheus does not slow the API's pages) and before gpu_workloads (its answers are let go
@@ -84,13 +74,6 @@ COLLECTOR_KEYS = [AssetKey(p.key) for p in COLLECTORS]
 VIEW_KEYS = [AssetKey(p.key) for p in VIEWS]
 ASSET_KEYS = COLLECTOR_KEYS + VIEW_KEYS
 JOB_NAME = "collect_cluster"
-
-
-@dataclass(frozen=True)
-class PartFailure:
-    cluster: str
-    part: str
-    error: str
 
 
 @multi_asset(
@@ -125,8 +108,7 @@ def cluster_assets(
         before_run_id=context.run.run_id,
     )
     loaded = registry.load()
-    checks: dict[AssetCheckKey, list[tuple[str, AssetCheckResult]]] = defaultdict(list)
-    failures: list[PartFailure] = []
+    report = BatchReport(names)
     for name in names:
         if name in held:
             context.log.warning(f"cluster {name}: another run is collecting it; left to that run")
@@ -134,120 +116,52 @@ def cluster_assets(
         try:
             cluster = loaded.get(name)
         except ClusterNotFound as exc:
-            failures += [PartFailure(name, part.key, str(exc)) for part in selected]
+            for part in selected:
+                report.failed(name, part.key, str(exc))
             context.log.error(str(exc))
             continue
-        turn = ClusterTurn(context, cluster, kubernetes, prometheus, lens_db, safe_db, config)
-        broken: set[str] = set()
         done: list[str] = []
-        # A cluster's turn builds millions of objects, without reference cycles, all let go at its
-        # end: the cyclic collector would only rescan them over and over (about a second at the
-        # envelope). The collector is back at work once they are let go.
-        with paused_gc(freeze=False):
-            try:
-                for index, part in enumerate(selected):
-                    # Prometheus evaluates the next part's queries while this part works.
-                    turn.prefetch(
-                        [p for p in selected[index : index + 2] if not broken & {d.key for d in p.deps}]
-                    )
-                    upstream = [d.key for d in part.deps if d.key in broken]
-                    if upstream:
-                        broken.add(part.key)
-                        failures.append(
-                            PartFailure(name, part.key, f"not computed: {', '.join(upstream)} failed")
-                        )
-                        continue
-                    try:
-                        result = part.compute(turn)
-                    except Exception as exc:
-                        broken.add(part.key)
-                        failures.append(PartFailure(name, part.key, f"{type(exc).__name__}: {exc}"))
-                        context.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
-                        continue
-                    done.append(part.key)
-                    yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
-                    for check in result.check_results or ():
-                        checks[AssetCheckKey(AssetKey(part.key), check.check_name or "")].append(
-                            (name, check)
-                        )
-            finally:
-                turn.release()
+        yield from _cluster_turn(
+            ClusterTurn(context, cluster, kubernetes, prometheus, lens_db, safe_db, config),
+            selected,
+            report,
+            done,
+        )
         if done:
-            _record_materialized(lens_db, name, done, context)
-
-    failed_by_part: dict[str, dict[str, str]] = defaultdict(dict)
-    for failure in failures:
-        failed_by_part[failure.part][failure.cluster] = failure.error
-    for key in context.selected_asset_check_keys:
-        results, failed = checks.get(key, []), failed_by_part.get(key.asset_key.path[-1], {})
-        if results or failed:  # nothing to say when every cluster was left to other runs
-            yield merged_check(key, results, failed)
-    if failures:
-        failed_clusters = sorted({f.cluster for f in failures})
-        raise Failure(
-            description=f"{len(failed_clusters)} of {len(names)} cluster(s) failed "
-            f"({', '.join(failed_clusters[:10])}); {len(failures)} asset(s) not materialized: "
-            + "; ".join(f"{f.cluster}/{f.part}: {f.error}" for f in failures[:10]),
-            metadata={
-                "failed_clusters": MetadataValue.json(failed_clusters[:100]),
-                "failures": MetadataValue.json([f.__dict__ for f in failures[:100]]),
-            },
-            # Op retries are for a cluster alone: a batch's healthy clusters are already written.
-            allow_retries=len(names) == 1,
-        )
+            record_materialized_now(lens_db, name, done, context.log)
+    yield from report.merged_checks(context.selected_asset_check_keys)
+    report.raise_if_failed()
 
 
-def _record_materialized(lens_db: LensDatabase, cluster: str, assets: list[str], context: Any) -> None:
-    """Per cluster and asset, when it was last materialized (`/metrics` of `lens api`); a failure to
-    record it is logged, never the cluster's failure."""
-    try:
-        with write_transaction(lens_db.engine()) as conn:
-            record_materialized(conn, cluster, assets, now=datetime.now(UTC))
-    except SQLAlchemyError as exc:
-        context.log.warning(f"cluster {cluster}: freshness of {', '.join(assets)} not recorded: {exc}")
-
-
-def merged_check(
-    key: AssetCheckKey, results: list[tuple[str, AssetCheckResult]], failed: dict[str, str]
-) -> AssetCheckResult:
-    """One result of a check for every cluster of the run: passed when it passed on every cluster;
-    a cluster whose asset could not be computed fails it too (an error). What failed where, in
-    metadata."""
-    if len(results) == 1 and not failed:
-        only = results[0][1]
-        return AssetCheckResult(
-            asset_key=key.asset_key,
-            check_name=key.name,
-            passed=only.passed,
-            severity=only.severity,
-            metadata=only.metadata,
-            description=only.description,
-        )
-    failing = [(cluster, result) for cluster, result in results if not result.passed]
-    severity = AssetCheckSeverity.WARN
-    if failed or any(r.severity == AssetCheckSeverity.ERROR for _, r in failing):
-        severity = AssetCheckSeverity.ERROR
-    metadata: dict[str, Any] = {
-        "clusters_checked": len(results),
-        "clusters_failing": sorted(cluster for cluster, _ in failing),
-    }
-    if failing:
-        metadata["failing"] = MetadataValue.json(
-            {cluster: _plain(result.metadata) for cluster, result in failing[:50]}
-        )
-    if failed:
-        metadata["not_computed"] = MetadataValue.json(dict(sorted(failed.items())[:50]))
-    return AssetCheckResult(
-        asset_key=key.asset_key,
-        check_name=key.name,
-        passed=bool(results) and not failing and not failed,
-        severity=severity,
-        metadata=metadata,
-    )
-
-
-def _plain(metadata: Any) -> dict[str, Any]:
-    return {
-        k: getattr(v, "value", v) if not isinstance(v, (str, int, float, bool, list)) else v
-        for k, v in (metadata or {}).items()
-    }
+def _cluster_turn(
+    turn: ClusterTurn, selected: list[ClusterPart], report: BatchReport, done: list[str]
+) -> Iterator[AssetMaterialization]:
+    """One cluster's parts in order; a part whose upstream failed is not computed."""
+    name, broken = turn.cluster.name, set[str]()
+    # A cluster's turn builds millions of objects, without reference cycles, all let go at its
+    # end: the cyclic collector would only rescan them over and over (about a second at the
+    # envelope). The collector is back at work once they are let go.
+    with paused_gc(freeze=False):
+        try:
+            for index, part in enumerate(selected):
+                # Prometheus evaluates the next part's queries while this part works.
+                turn.prefetch(
+                    [p for p in selected[index : index + 2] if not broken & {d.key for d in p.deps}]
+                )
+                upstream = [d.key for d in part.deps if d.key in broken]
+                if upstream:
+                    broken.add(part.key)
+                    report.failed(name, part.key, f"not computed: {', '.join(upstream)} failed")
+                    continue
+                try:
+                    result = part.compute(turn)
+                except Exception as exc:
+                    broken.add(part.key)
+                    report.failed(name, part.key, f"{type(exc).__name__}: {exc}")
+                    turn.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
+                    continue
+                done.append(part.key)
+                yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
+                report.checked(name, part.key, result.check_results or ())
+        finally:
+            turn.release()

@@ -319,6 +319,23 @@ def news_after(conn: Connection, after_id: int) -> list[ClusterNews]:
     return [ClusterNews(c, int(last), int(n), int(p or 0)) for c, last, n, p in conn.execute(query)]
 
 
+def pending_clusters(conn: Connection) -> dict[str, int]:
+    """Per cluster with events to process past its watermark: its newest such segment id. Only the
+    segments past each watermark are read (the unique (cluster_name, id) index serves the range)."""
+    seg, progress = container_event_segment.c, container_event_progress.c
+    query = (
+        select(seg.cluster_name, func.max(seg.id))
+        .select_from(
+            container_event_segment.outerjoin(
+                container_event_progress, progress.cluster_name == seg.cluster_name
+            )
+        )
+        .where(seg.id > func.coalesce(progress.last_log_id, 0), seg.to_process > 0)
+        .group_by(seg.cluster_name)
+    )
+    return {cluster: int(newest) for cluster, newest in conn.execute(query)}
+
+
 @dataclass(frozen=True)
 class LoggedEvent:
     id: int  # of the segment that holds it
