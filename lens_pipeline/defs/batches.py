@@ -68,8 +68,17 @@ class BatchReport:
             failed_by_part[failure.part][failure.cluster] = failure.error
         for key in selected:
             results, failed = self.checks.get(key, []), failed_by_part.get(key.asset_key.path[-1], {})
-            if results or failed:  # nothing to say when every cluster was left to other runs
+            if results or failed:
                 yield merged_check(key, results, failed)
+            else:  # every cluster was left to other runs, or had nothing new: nothing to check
+                yield AssetCheckResult(
+                    asset_key=key.asset_key,
+                    check_name=key.name,
+                    passed=True,
+                    metadata={"clusters_checked": 0},
+                    description="Nothing to check in this run: its clusters had nothing new, or "
+                    "other runs held them.",
+                )
 
     def raise_if_failed(self) -> None:
         """End the run as failed when a cluster failed a part (after every cluster had its turn)."""

@@ -34,10 +34,14 @@ from lens_pipeline.defs.partitions import (
     clusters_in_runs,
 )
 
+# The run queue gives collection runs their own slots (dagster.yaml), apart from the event runs'.
+COLLECTION_TAG = "lens/collection"
+
 collect_cluster_job = define_asset_job(
     JOB_NAME,
     selection=AssetSelection.assets(*ASSET_KEYS),
     executor_def=in_process_executor,
+    tags={COLLECTION_TAG: "scheduled"},
     description="Every collector of a cluster (or of a batch of clusters) and everything derived from "
     "them, in one process (startup costs seconds per run).",
 )
