@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dagster import AssetKey, AssetPartitionStatus, DagsterRun, DagsterRunStatus, build_schedule_context, instance_for_test
+from dagster import (
+    AssetKey,
+    AssetPartitionStatus,
+    DagsterRun,
+    DagsterRunStatus,
+    build_schedule_context,
+    instance_for_test,
+)
 from sqlalchemy import select
 
 from lens_pipeline.defs import resources
