@@ -107,8 +107,10 @@ def test_lens_api_serves_the_database_of_the_environment(tmp_path):
 
 def test_dagster_asset_materialize_and_job_backfill_from_the_shell(tmp_path):
     """`dagster asset materialize` from the shell, on an instance that knows the partitions: the
-    collectors and views of one cluster partition, then of a range of clusters in one run; then
-    `dagster job backfill` of chosen clusters."""
+    collectors and views of one cluster partition; then `dagster job backfill` of chosen clusters.
+    (A range of clusters is a backfill: from the UI it is cut into runs of `$LENS_CLUSTERS_PER_RUN`
+    clusters, see test_browser.py; the CLI's `asset materialize --partition-range` needs a
+    single-run policy, which would let one run grow past run monitoring's limit.)"""
     from dagster import DagsterInstance
     from sqlalchemy import select
 
@@ -146,19 +148,6 @@ def test_dagster_asset_materialize_and_job_backfill_from_the_shell(tmp_path):
             rows = conn.execute(select(cluster_overview_cache.c.cluster_name)).all()
         assert [r[0] for r in rows] == [cluster]
 
-        # The others in one run: a single-run backfill over a range of cluster partitions.
-        result = subprocess.run(
-            [*command, "--partition-range", f"{names[1]}...{names[2]}"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        with DagsterInstance.from_config(str(home)) as instance:
-            runs = instance.get_runs()
-        assert len(runs) == 2 and runs[0].tags["dagster/asset_partition_range_end"] == names[2]
-
         # `dagster job backfill` of chosen clusters: one queued run per cluster, for the daemon.
         backfill = [
             str(dagster),
@@ -176,9 +165,6 @@ def test_dagster_asset_materialize_and_job_backfill_from_the_shell(tmp_path):
             queued = [r for r in instance.get_runs() if "dagster/backfill" in r.tags]
         assert sorted(r.tags["dagster/partition"] for r in queued) == [names[0], names[2]]
         assert {r.job_name for r in queued} == {"collect_cluster"}
-    with get_engine(lens_url).connect() as conn:
-        rows = conn.execute(select(cluster_overview_cache.c.cluster_name)).all()
-    assert sorted(r[0] for r in rows) == sorted(names)
 
 
 def test_the_demo_finds_its_instance_in_the_package_not_the_checkout():
