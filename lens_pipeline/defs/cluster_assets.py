@@ -18,6 +18,7 @@ of the assets; a backfill is cut into runs of at most `$LENS_CLUSTERS_PER_RUN` c
 run ends well inside run monitoring's limit.
 """
 
+import time
 import traceback
 from collections.abc import Iterator
 
@@ -74,6 +75,11 @@ COLLECTOR_KEYS = [AssetKey(p.key) for p in COLLECTORS]
 VIEW_KEYS = [AssetKey(p.key) for p in VIEWS]
 ASSET_KEYS = COLLECTOR_KEYS + VIEW_KEYS
 JOB_NAME = "collect_cluster"
+# The tag of the schedule's and the registry sensor's collection runs (their own run-queue slots).
+COLLECTION_TAG = "lens/collection"
+# How long a backfill's or a hand-launched run waits for an older run to let a cluster go.
+HOLD_WAIT_SECONDS = 300.0
+HOLD_POLL_SECONDS = 2.0
 
 
 @multi_asset(
@@ -99,18 +105,14 @@ def cluster_assets(
 ) -> Iterator[AssetMaterialization | AssetCheckResult]:
     selected = [part for part in PARTS if AssetKey(part.key) in context.selected_asset_keys]
     names = list(context.partition_keys)
-    # One run per cluster at a time: a cluster an older run is working on is left to that run.
-    held = clusters_in_runs(
-        context.instance,
-        statuses=WORKING,
-        job_names={JOB_NAME},
-        asset_keys=ASSET_KEYS,
-        before_run_id=context.run.run_id,
-    )
+    # One run per cluster at a time. A scheduled run leaves a cluster an older run is working on to
+    # that run (the next minute comes soon); a backfill or a run launched by hand waits for it, so
+    # that what was asked for is done.
+    scheduled = COLLECTION_TAG in context.run.tags
     loaded = registry.load()
     report = BatchReport(names)
     for name in names:
-        if name in held:
+        if name in _held(context) and (scheduled or not _wait_until_free(context, name)):
             context.log.warning(f"cluster {name}: another run is collecting it; left to that run")
             continue
         try:
@@ -131,6 +133,28 @@ def cluster_assets(
             record_materialized_now(lens_db, name, done, context.log)
     yield from report.merged_checks(context.selected_asset_check_keys)
     report.raise_if_failed()
+
+
+def _held(context: AssetExecutionContext) -> set[str]:
+    """The clusters older runs are collecting now."""
+    return clusters_in_runs(
+        context.instance,
+        statuses=WORKING,
+        job_names={JOB_NAME},
+        asset_keys=ASSET_KEYS,
+        before_run_id=context.run.run_id,
+    )
+
+
+def _wait_until_free(context: AssetExecutionContext, name: str) -> bool:
+    """Wait (up to HOLD_WAIT_SECONDS) for the older runs to let the cluster go."""
+    context.log.info(f"cluster {name}: another run is collecting it; waiting for it to finish")
+    deadline = time.monotonic() + HOLD_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(HOLD_POLL_SECONDS)
+        if name not in _held(context):
+            return True
+    return False
 
 
 def _cluster_turn(

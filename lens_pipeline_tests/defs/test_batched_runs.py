@@ -4,6 +4,8 @@ and is run alone by the next tick, and a cluster an older run holds is left to t
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime
 
 from dagster import (
@@ -16,8 +18,8 @@ from dagster import (
 )
 from sqlalchemy import select
 
-from lens_pipeline.defs import resources
-from lens_pipeline.defs.cluster_assets import ASSET_KEYS
+from lens_pipeline.defs import cluster_assets, resources
+from lens_pipeline.defs.cluster_assets import ASSET_KEYS, COLLECTION_TAG
 from lens_pipeline.defs.collectors.schedules import collect_every_minute, failing_clusters
 from lens_pipeline.defs.partitions import (
     ASSET_PARTITION_RANGE_END_TAG,
@@ -144,7 +146,9 @@ def _point_at(document: dict, name: str, like: str) -> None:
     entry.update({**model, "name": name})
 
 
-def test_a_cluster_an_older_run_holds_is_left_to_it(tmp_path):
+def test_a_cluster_an_older_run_holds_is_left_to_it_by_the_schedule_and_waited_for_by_a_backfill(
+    tmp_path, monkeypatch
+):
     fleet = SimFleet.generate(clusters=2, nodes=4, seed=6, vendor="amd")
     names = [c.name for c in fleet]
     with SimServer(fleet) as server, instance_for_test() as instance:
@@ -158,9 +162,19 @@ def test_a_cluster_an_older_run_holds_is_left_to_it(tmp_path):
                 tags={"dagster/partition": names[0]},
             )
         )
-        result = _run(instance, registry, tmp_path, _batch(names[0], names[1]))
+        scheduled = {**_batch(names[0], names[1]), COLLECTION_TAG: "scheduled"}
+        result = _run(instance, registry, tmp_path, scheduled)
         assert result.success
         assert [m.partition for m in materializations(result, "gpu_nodes")] == [names[1]]
+
+        # A backfill's run waits for the older run to let the cluster go, then collects it.
+        monkeypatch.setattr(cluster_assets, "HOLD_POLL_SECONDS", 0.2)
+        older = instance.get_run_by_id("older")
+        threading.Timer(1.5, lambda: instance.report_run_failed(older)).start()
+        started = time.monotonic()
+        result = _run(instance, registry, tmp_path, _batch(names[0], names[1]))
+        assert result.success and time.monotonic() - started > 1.5
+        assert sorted(m.partition for m in materializations(result, "gpu_nodes")) == sorted(names)
 
 
 def test_a_cluster_whose_prometheus_is_down_runs_alone_from_the_next_tick(tmp_path):

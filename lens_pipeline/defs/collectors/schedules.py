@@ -23,7 +23,7 @@ from dagster import (
 )
 
 from lens_pipeline import settings
-from lens_pipeline.defs.cluster_assets import ASSET_KEYS, JOB_NAME, cluster_assets
+from lens_pipeline.defs.cluster_assets import ASSET_KEYS, COLLECTION_TAG, JOB_NAME, cluster_assets
 from lens_pipeline.defs.partitions import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
@@ -33,9 +33,6 @@ from lens_pipeline.defs.partitions import (
     cluster_partitions,
     clusters_in_runs,
 )
-
-# The run queue gives collection runs their own slots (dagster.yaml), apart from the event runs'.
-COLLECTION_TAG = "lens/collection"
 
 collect_cluster_job = define_asset_job(
     JOB_NAME,
