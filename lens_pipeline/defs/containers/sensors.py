@@ -21,10 +21,12 @@ from dagster import (
 from lens_pipeline.defs.containers.assets import container_events
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import LensDatabase
+from lens_pipeline.defs.run_tags import CONTAINER_EVENTS_RUN_TAGS
 from lens_pipeline.store.event_log import news_after
 
-# The run queue allows one container_events run per cluster at a time (dagster.yaml); not the
-# collectors' tag, so event processing never waits behind a minute-long collection run.
+# The run queue allows one container_events run per cluster at a time (dagster.yaml,
+# deploy/helm/dagster-values.yaml); not the collectors' tag, so event processing never waits behind
+# a minute-long collection run.
 CONTAINER_EVENTS_TAG = "lens/container-events"
 WAITING = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED]
 
@@ -32,6 +34,7 @@ process_container_events_job = define_asset_job(
     "process_container_events",
     selection=[container_events],
     executor_def=in_process_executor,
+    tags=CONTAINER_EVENTS_RUN_TAGS,
     description="Apply one cluster's new container events from the ingest log.",
 )
 
