@@ -163,12 +163,18 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
     metrics.register(_FleetCollector(engine))
     app.add_middleware(QueryGuard)
 
+    # Several tokens, comma-separated, are all accepted: a rotation adds the new one, moves the
+    # clients, then drops the old one (docs/OPERATIONS.md).
+    accepted = [t.strip().encode() for t in (token or "").split(",") if t.strip()]
+
     async def authorize(request: Request) -> None:
-        if token is None:
+        if not accepted:
             return
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+        # Compared with every token in constant time: which one matched must not leak by timing.
+        matches = [hmac.compare_digest(given.encode(), expected) for expected in accepted]
+        if scheme.lower() != "bearer" or not any(matches):
             raise ApiError(401, "missing or wrong bearer token")
 
     def resolve(cluster: str | None) -> str:
