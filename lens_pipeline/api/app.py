@@ -14,8 +14,9 @@ import hmac
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
@@ -34,6 +35,7 @@ from lens_pipeline.api import queries
 from lens_pipeline.api.queries import NODE_ORDER, WORKLOAD_ORDER, Page
 from lens_pipeline.collect.overview import api_overview
 from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.event_log import Backlog
 from lens_pipeline.store.migrate import ensure_schema
 
 STATUS_COLOR = {"Ready": "green", "NotReady": "red", "Unknown": "yellow"}
@@ -512,7 +514,13 @@ class _FleetCollector:
         self.engine = engine
 
     def collect(self) -> Any:
-        rates, consumers, quarantined, freshness = queries.metrics_rows(self.engine)
+        read = queries.metrics_rows(self.engine)
+        rates, consumers, quarantined, freshness = (
+            read.rates,
+            read.consumers,
+            read.quarantined,
+            read.freshness,
+        )
         collected = GaugeMetricFamily(
             "lens_cluster_last_collected_timestamp_seconds",
             "When each asset of each cluster was last materialized (unix seconds): alert on time() minus this",
@@ -529,6 +537,7 @@ class _FleetCollector:
         for row in quarantined:
             letters.add_metric([row["cluster_name"], row["stage"]], float(row["events"]))
         yield letters
+        yield from _ingest_lag(read.backlog)
         rate = GaugeMetricFamily(
             "gpu_allocation_rate", "Allocated GPUs of healthy GPU nodes, percent (0-100)", labels=["cluster"]
         )
@@ -571,6 +580,28 @@ class _FleetCollector:
             usage_ratio.add_metric(values, float(row["gpu_utilization"]) / 100.0)
         yield from families.values()
         yield usage_ratio
+
+
+def _ingest_lag(waiting: list[Backlog]) -> Iterator[GaugeMetricFamily]:
+    """Per cluster: the container events logged but not applied yet, and for how long the oldest
+    has waited (0 when caught up): ingest works but container_events does not keep up, or stopped."""
+    events = GaugeMetricFamily(
+        "lens_container_events_unprocessed",
+        "Container events in the ingest log that need processing and are not applied yet",
+        labels=["cluster"],
+    )
+    lag = GaugeMetricFamily(
+        "lens_container_events_lag_seconds",
+        "How long the oldest container event not applied yet has waited in the ingest log (0: caught up)",
+        labels=["cluster"],
+    )
+    now = datetime.now(UTC)
+    for item in waiting:
+        events.add_metric([item.cluster], float(item.events))
+        waited = (now - item.oldest_received_at).total_seconds() if item.oldest_received_at else 0.0
+        lag.add_metric([item.cluster], max(waited, 0.0))
+    yield events
+    yield lag
 
 
 def app_from_environment() -> FastAPI:
