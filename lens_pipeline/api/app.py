@@ -546,11 +546,19 @@ class _FleetCollector:
             "Allocated GPUs of healthy GPU nodes, as a ratio (0-1, the base unit)",
             labels=["cluster"],
         )
+        utilization = GaugeMetricFamily(
+            "lens_gpu_utilization_ratio",
+            "Mean utilization of the cluster's GPUs, as a ratio (0-1); no series while it is unknown",
+            labels=["cluster"],
+        )
         for row in rates:
             rate.add_metric([row["cluster_name"]], row["allocation_rate"])
             ratio.add_metric([row["cluster_name"]], row["allocation_rate"] / 100.0)
+            if row["utilization"] is not None:
+                utilization.add_metric([row["cluster_name"]], float(row["utilization"]) / 100.0)
         yield rate
         yield ratio
+        yield utilization
         labels = ["cluster", "kind", "name", "namespace", "uid"]
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "gpu_utilization": GaugeMetricFamily(

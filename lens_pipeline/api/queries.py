@@ -355,13 +355,18 @@ class MetricsRows:
 
 
 def metrics_rows(engine: Engine) -> MetricsRows:
-    """Every cluster's allocation rate, every consumer, the quarantined container events per
+    """Every cluster's allocation rate and utilization, every consumer, the quarantined container events per
     cluster and stage, when each asset of each cluster was last materialized, and each cluster's
     container events waiting to be applied, for `/metrics`."""
     letters = container_event_dead_letter.c
     with engine.connect() as conn:
         rates = _rows(
-            conn, select(cluster_overview_cache.c.cluster_name, cluster_overview_cache.c.allocation_rate)
+            conn,
+            select(
+                cluster_overview_cache.c.cluster_name,
+                cluster_overview_cache.c.allocation_rate,
+                cluster_overview_cache.c.utilization,
+            ),
         )
         consumer_rows = _rows(conn, select(gpu_consumers))
         quarantined = _rows(
