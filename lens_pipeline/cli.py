@@ -69,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
 
     args, rest = parser.parse_known_args(argv)
+    if args.command in ("sim", "demo") and (missing := _simulator_missing()):
+        print(
+            f"lens {args.command}: the simulator is not installed ({missing}): "
+            "pip install 'lens-pipeline[sim]' (from a checkout: pip install -e '.[sim]'); "
+            "the production image leaves it out",
+            file=sys.stderr,
+        )
+        return 2
     if args.command == "sim":
         from lens_pipeline.sim.cli import main as sim_main
 
@@ -202,6 +210,17 @@ def _api(args: argparse.Namespace) -> int:
         log_level="warning",
     )
     return 0
+
+
+def _simulator_missing() -> str | None:
+    """What `lens sim` and `lens demo` need that this installation lacks (the `sim` extra, or the
+    simulator itself in the production image), or None."""
+    from importlib.util import find_spec
+
+    for module in ("lens_pipeline.sim", "grpc_tools"):
+        if find_spec(module) is None:
+            return f"no module {module}"
+    return None
 
 
 def _safe_url(url: str) -> str:

@@ -178,3 +178,20 @@ def test_the_demo_finds_its_instance_in_the_package_not_the_checkout():
         assert packaged.is_file() and cli.INSTANCE_DIR.is_relative_to(Path(cli.__file__).resolve().parent)
         assert (root / name).resolve() == packaged.resolve()
     assert "REPO_ROOT" not in Path(cli.__file__).read_text()
+
+
+def test_the_demo_and_the_simulator_say_which_extra_they_need_when_it_is_missing(monkeypatch, capsys):
+    """The production image has no simulator and no grpcio-tools (the `sim` extra): `lens demo` and
+    `lens sim` say how to get them instead of failing on an import."""
+    import importlib.util
+
+    from lens_pipeline import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "grpc_tools" else real(name, *a)
+    )
+    for command in ("demo", "sim"):
+        assert cli.main([command]) == 2
+        error = capsys.readouterr().err
+        assert "no module grpc_tools" in error and "pip install 'lens-pipeline[sim]'" in error

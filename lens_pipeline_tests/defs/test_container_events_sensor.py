@@ -77,7 +77,8 @@ def test_clusters_with_events_to_apply_share_runs_and_the_cursor_follows_the_log
         # One run over the range east..north (west, with nothing new, costs two queries in it).
         assert _spans(result) == [("east", "north")]
         (request,) = result.run_requests
-        assert request.tags[CONTAINER_EVENTS_TAG] and "dagster/partition" not in request.tags
+        assert "dagster/partition" not in request.tags
+        assert process_container_events_job.tags[CONTAINER_EVENTS_TAG]  # the run queue's own slots
         assert request.run_key.startswith("east..north@3/")
 
         _log(sqlite_url, "north", 4, gpus=0)  # the original ignored it: no run needed for it alone

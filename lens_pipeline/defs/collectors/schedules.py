@@ -33,12 +33,13 @@ from lens_pipeline.defs.partitions import (
     cluster_partitions,
     clusters_in_runs,
 )
+from lens_pipeline.defs.run_tags import COLLECTION_RUN_TAGS
 
 collect_cluster_job = define_asset_job(
     JOB_NAME,
     selection=AssetSelection.assets(*ASSET_KEYS),
     executor_def=in_process_executor,
-    tags={COLLECTION_TAG: "scheduled"},
+    tags={**COLLECTION_RUN_TAGS, COLLECTION_TAG: "scheduled"},
     description="Every collector of a cluster (or of a batch of clusters) and everything derived from "
     "them, in one process (startup costs seconds per run).",
 )

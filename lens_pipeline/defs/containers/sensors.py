@@ -40,10 +40,12 @@ from lens_pipeline.defs.partitions import (
     clusters_in_runs,
 )
 from lens_pipeline.defs.resources import LensDatabase
+from lens_pipeline.defs.run_tags import CONTAINER_EVENTS_RUN_TAGS
 from lens_pipeline.store.event_log import news_after, pending_clusters
 
-# The run queue's own limit for these runs (dagster.yaml): they have their slots beside the
-# collection runs' and carry no `dagster/partition` tag, so they never wait behind collection.
+# The run queue's own limit for these runs (dagster.yaml, deploy/helm/values.yaml): they have their
+# slots beside the collection runs' and carry no `dagster/partition` tag, so they never wait behind
+# collection.
 CONTAINER_EVENTS_TAG = "lens/container-events"
 # A run not started yet will read every event logged before it starts: no second run for it.
 WAITING = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
@@ -54,6 +56,7 @@ process_container_events_job = define_asset_job(
     JOB_NAME,
     selection=[container_events],
     executor_def=in_process_executor,
+    tags={**CONTAINER_EVENTS_RUN_TAGS, CONTAINER_EVENTS_TAG: "apply"},
     description="Apply the new container events of a batch of clusters from the ingest log.",
 )
 
@@ -88,7 +91,6 @@ def event_requests(
                     tags={
                         ASSET_PARTITION_RANGE_START_TAG: batch[0],
                         ASSET_PARTITION_RANGE_END_TAG: batch[-1],
-                        CONTAINER_EVENTS_TAG: "apply",
                     },
                 )
             )
