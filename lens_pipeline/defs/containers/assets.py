@@ -59,7 +59,7 @@ CHUNK_EVENTS = 2000
 MAX_EVENTS_PER_RUN = 200_000
 # Clusters a run (of the sensor or of a backfill) covers at most: a cluster with nothing new costs
 # two queries, so one run keeps up with a large fleet and pays the process start once.
-EVENT_CLUSTERS_PER_RUN = 50
+EVENT_CLUSTERS_PER_RUN = 100
 
 
 class ContainerEventsConfig(Config):
