@@ -8,6 +8,7 @@ from lens_pipeline.defs.containers import sensors as containers
 from lens_pipeline.defs.derived import assets as derived
 from lens_pipeline.defs.fleet import freshness, retention
 from lens_pipeline.defs.fleet import sensors as fleet
+from lens_pipeline.defs.history import sensors as history
 
 defs = Definitions.merge(
     resources.defs,
@@ -17,4 +18,5 @@ defs = Definitions.merge(
     fleet.defs,
     freshness.defs,
     retention.defs,
+    history.defs,
 )

@@ -42,8 +42,37 @@ DEFAULT_CLUSTERS_PER_RUN = 10
 def clusters_per_run() -> int:
     """How many clusters one collection run (scheduled, or of a backfill) covers at most: each run
     pays seconds of process start and code load, so healthy clusters share runs."""
-    value = os.environ.get(LENS_CLUSTERS_PER_RUN, "")
+    return _whole_number(LENS_CLUSTERS_PER_RUN, DEFAULT_CLUSTERS_PER_RUN, 1)
+
+
+LENS_HISTORY_DAYS = "LENS_HISTORY_DAYS"
+DEFAULT_HISTORY_DAYS = 15
+LENS_HISTORY_BACKFILL_DAYS = "LENS_HISTORY_BACKFILL_DAYS"
+DEFAULT_HISTORY_BACKFILL_DAYS = 7
+LENS_HISTORY_PARTITIONS_PER_RUN = "LENS_HISTORY_PARTITIONS_PER_RUN"
+DEFAULT_HISTORY_PARTITIONS_PER_RUN = 24
+
+
+def _whole_number(variable: str, default: int, least: int) -> int:
+    value = os.environ.get(variable, "")
     try:
-        return max(1, int(value)) if value else DEFAULT_CLUSTERS_PER_RUN
+        return max(least, int(value)) if value else default
     except ValueError:
-        raise ValueError(f"{LENS_CLUSTERS_PER_RUN} must be a whole number, not {value!r}") from None
+        raise ValueError(f"{variable} must be a whole number, not {value!r}") from None
+
+
+def history_days() -> int:
+    """How many days back the hourly history's partitions go (Prometheus keeps 15 by default):
+    older hours cannot be recomputed, their rows stay."""
+    return _whole_number(LENS_HISTORY_DAYS, DEFAULT_HISTORY_DAYS, 1)
+
+
+def history_backfill_days() -> int:
+    """How many days of hours the automation fills in for a new cluster, or after an outage."""
+    return min(_whole_number(LENS_HISTORY_BACKFILL_DAYS, DEFAULT_HISTORY_BACKFILL_DAYS, 0), history_days())
+
+
+def history_partitions_per_run() -> int:
+    """(cluster, hour) partitions one hourly history run covers at most: one hour of that many
+    clusters, or that many hours of one cluster."""
+    return _whole_number(LENS_HISTORY_PARTITIONS_PER_RUN, DEFAULT_HISTORY_PARTITIONS_PER_RUN, 1)

@@ -98,6 +98,24 @@ class VendorProfile:
         # `>= 0` and `<` both leave NaN (a GPU the exporter could not read) out.
         return f"sum {by} ({held} >= 0)", f"count {by} ({held} >= 0)", f"count {by} ({held} < {idle_below:g})"
 
+    def capacity_query(self) -> str:
+        """How many GPUs the exporters report (a GPU whose utilization reads NaN is still there)."""
+        return f"count({self.util_metric})"
+
+    def pod_memory_queries(self) -> dict[str, str]:
+        """Per pod: the memory (MB) of the GPUs it holds, by figure (`vram_used`, and `vram_total`, or
+        NVIDIA's `vram_free` and `vram_reserved`, which with the used make the total), and `gpus`,
+        how many of its GPUs report memory. Only the figures this cluster's exporter has."""
+        by = f"by ({self.namespace_label}, {self.pod_label})"
+        held = f'{{{self.pod_label}!=""}}'
+        memory = ("vram_used", "vram_total", "vram_free", "vram_reserved")
+        queries = {
+            f: f"sum {by} ({self.device_metrics[f]}{held})" for f in memory if f in self.device_metrics
+        }
+        if "vram_used" in self.device_metrics:
+            queries["gpus"] = f"count {by} ({self.device_metrics['vram_used']}{held})"
+        return queries
+
     def driver_version(self, labels: Mapping[str, str]) -> str:
         """The driver version a node's labels give, in today's spelling or the older one."""
         for key in self.driver_version_labels:
@@ -128,6 +146,7 @@ AMD = VendorProfile(
         "temperature": "gpu_junction_temperature",
         "power": "gpu_package_power",
         "vram_total": "gpu_total_vram",
+        "vram_used": "gpu_used_vram",
     },
     figure_fallbacks={
         "temperature": ("gpu_edge_temperature",),

@@ -56,13 +56,6 @@ class Window:
     def idle_gpu_seconds(self) -> float:
         return sum(s.idle_gpus for s in self.steps) * self.step_seconds
 
-    def by_hour(self) -> dict[float, Window]:
-        """The steps split by the UTC hour they fall in (unix seconds of the hour's start)."""
-        hours: dict[float, list[Step]] = {}
-        for step in self.steps:
-            hours.setdefault(step.time - step.time % 3600, []).append(step)
-        return {hour: Window(steps, self.step_seconds) for hour, steps in hours.items()}
-
 
 def workload_window(pods: Iterable[PodSeries], step_seconds: float) -> Window:
     """Roll the series of a workload's pods up to the workload: at each step, the mean utilization
@@ -129,16 +122,12 @@ def percentile(histogram: Mapping[str, Any], p: float) -> float:
     return buckets[-1]["upper"]
 
 
-STATISTIC_COLUMN = "{}_gpu_utilization"  # Lens `workload_statistic`
-HOURLY_COLUMN = "{}_utilization"  # `workload_gpu_hourly_stats`
 FIGURES = ("avg", "min", "max", "p50", "p90", "p95")
 
 
-def accumulate(
-    stored: Mapping[str, Any] | None, window: Window, column: str = STATISTIC_COLUMN
-) -> dict[str, Any]:
-    """A row's figures after adding a window to what is stored; `column` names the utilization
-    figures (`avg` -> `avg_gpu_utilization`)."""
+def accumulate(stored: Mapping[str, Any] | None, window: Window) -> dict[str, Any]:
+    """A `workload_statistic` row's figures after adding a window to what is stored."""
+    column = "{}_gpu_utilization"
     previous = stored or {}
     count = int(previous.get("sample_count") or 0)
     values: Sequence[float] = window.utilization
@@ -169,14 +158,20 @@ def accumulate(
 
 
 def window_bounds(
-    cursor: float | None, now: float, first_window_seconds: float, resolution: float
+    cursor: float | None,
+    now: float,
+    first_window_seconds: float,
+    max_window_seconds: float,
+    resolution: float,
+    oldest: float,
 ) -> tuple[float, float]:
     """(first, last) unix times of the points a statistics run reads: it continues where the last
-    run stopped (`cursor`), on multiples of `resolution`, so that no point is read twice or skipped;
-    a first run, or one after a long pause, reads from `first_window_seconds` back only. Nothing
-    new yet when last < first."""
-    floor = now - first_window_seconds
-    start = max(cursor if cursor is not None else floor, floor)
+    run stopped (`cursor`), on multiples of `resolution`, so that no point is read twice or skipped,
+    however long ago that was (back to `oldest`, beyond which Prometheus keeps nothing); a run reads
+    at most `max_window_seconds` of it and the next runs go on, so an outage leaves no gap. A first
+    run reads `first_window_seconds` back. Nothing new yet when last < first."""
+    start = max(cursor if cursor is not None else now - first_window_seconds, oldest)
     first = math.floor(start / resolution) * resolution + resolution
-    last = math.floor(now / resolution) * resolution
+    points = max(1, int(max_window_seconds // resolution))
+    last = min(math.floor(now / resolution) * resolution, first + (points - 1) * resolution)
     return first, last

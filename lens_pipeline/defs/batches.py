@@ -46,6 +46,7 @@ class BatchReport:
     """The check results and failures of a run's clusters, merged at the run's end."""
 
     clusters: Sequence[str]
+    unit: str = "cluster"  # what `clusters` are, in the run's failure
     checks: dict[AssetCheckKey, list[tuple[str, AssetCheckResult]]] = field(
         default_factory=lambda: defaultdict(list)
     )
@@ -86,7 +87,7 @@ class BatchReport:
             return
         failed = self.failed_clusters()
         raise Failure(
-            description=f"{len(failed)} of {len(self.clusters)} cluster(s) failed "
+            description=f"{len(failed)} of {len(self.clusters)} {self.unit}(s) failed "
             f"({', '.join(failed[:10])}); {len(self.failures)} asset(s) not materialized: "
             + "; ".join(f"{f.cluster}/{f.part}: {f.error}" for f in self.failures[:10]),
             metadata={

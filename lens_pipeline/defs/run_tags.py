@@ -83,3 +83,15 @@ COLLECTION_RUN_TAGS = run_tags(
 CONTAINER_EVENTS_RUN_TAGS = run_tags(max_runtime_seconds=900, max_retries=0)
 # Retention deletes in bounded batches; a catch-up after a long stop may take a while.
 RETENTION_RUN_TAGS = run_tags(max_runtime_seconds=3600)
+# An hourly history run recomputes a batch of (cluster, hour) partitions from Prometheus range
+# queries; one at a time (`lens/history` in the run queue), so a week's backfill of a new cluster
+# never crowds out the collection runs. The automation asks again for what failed: no run retries.
+HISTORY_TAG = "lens/history"
+HISTORY_RUN_TAGS = {
+    **run_tags(
+        max_runtime_seconds=900,
+        max_retries=0,
+        resources={"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+    ),
+    HISTORY_TAG: "hourly",
+}

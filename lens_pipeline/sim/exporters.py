@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from lens_pipeline.sim.dialects import juicefs_made_up_inodes, juicefs_made_up_space
 from lens_pipeline.sim.generate import JUICEFS_VOLUMES
+from lens_pipeline.sim.history import GpuSample
 from lens_pipeline.sim.vendors import AMD, SimVendor
 
 if TYPE_CHECKING:
@@ -141,11 +142,18 @@ COUNTERS = frozenset(
 COUNTING_JOBS = frozenset({NODE_EXPORTER_JOB, JUICEFS_JOB})
 
 
-def scrape(cluster: SimCluster, metrics: Collection[str] | None = None) -> dict[Target, list[Sample]]:
-    """Every target of the cluster and the samples it answers with now; with `metrics`, the targets
-    of counting jobs answer only those (the samples of the others are shared, not copied)."""
-    cached = cluster.memo("exporter_targets", lambda: _build(cluster))
-    seconds = cluster.now() - _COUNTER_EPOCH
+def scrape(
+    cluster: SimCluster, metrics: Collection[str] | None = None, at: float | None = None
+) -> dict[Target, list[Sample]]:
+    """Every target of the cluster and the samples it answers with now (or, for a cluster keeping
+    history, at the past time `at`); with `metrics`, the targets of counting jobs answer only those
+    (the samples of the others are shared, not copied)."""
+    history = cluster.history
+    if at is None or history is None:
+        cached = cluster.memo("exporter_targets", lambda: _build(cluster))
+    else:
+        cached = history.memo(("targets", history.state_key(at)), lambda: _build(cluster, at))
+    seconds = (cluster.now() if at is None else at) - _COUNTER_EPOCH
     return {
         target: [
             (m, labels, float(int(v * seconds)) if m in COUNTERS else v)
@@ -168,19 +176,19 @@ def counter_rates(cluster: SimCluster) -> dict[Target, list[Sample]]:
     }
 
 
-def _build(cluster: SimCluster) -> dict[Target, list[Sample]]:
+def _build(cluster: SimCluster, at: float | None = None) -> dict[Target, list[Sample]]:
     vendor = cluster.profile
     targets: dict[Target, list[Sample]] = {}
     utilization = {
         (labels[vendor.node_label], labels[_index_label(vendor)]): (labels, value)
-        for _, labels, value in cluster.exporter_samples()
+        for _, labels, value in cluster.exporter_samples(at)
     }
     gpus_by_node: dict[str, list[tuple[dict[str, str], float]]] = {}
     for (node, _index), (labels, value) in utilization.items():
         gpus_by_node.setdefault(node, []).append((labels, value))
     nics = cluster.nics()
     for node in cluster.node_names():
-        if cluster.node_status(node) != "Ready":
+        if not cluster.exporter_up(node, at):
             continue  # the node's exporters run on it: down with it
         address = cluster.node_address(node)
         gpu_target = Target(vendor.exporter_job, node, f"{address}:{vendor.exporter_port}")
@@ -263,6 +271,36 @@ def _gpu_samples(
             }
         samples += [(name, labels, value) for name, value in figures.items()]
     return samples
+
+
+def pod_gpus(cluster: SimCluster, at: float) -> tuple[dict[tuple[str, str], list[GpuSample]], int]:
+    """What the GPU exporters showed at `at`: each pod's GPUs (utilization, memory used and in
+    total, MiB) by (namespace, pod), and how many GPUs they reported in all."""
+    vendor = cluster.profile
+    pod_label, namespace_label, _ = vendor.workload_labels
+    used, total = ("gpu_used_vram", "gpu_total_vram") if vendor is AMD else ("DCGM_FI_DEV_FB_USED", "")
+    parts = () if vendor is AMD else ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+    pods: dict[tuple[str, str], list[GpuSample]] = {}
+    reported = 0
+    injected = cluster.injected_series()
+    for target, samples in scrape(cluster, at=at).items():
+        if target.job != vendor.exporter_job or target in injected:
+            continue
+        gpus: dict[str, dict[str, float]] = {}
+        holder: dict[str, tuple[str, str]] = {}
+        for metric, labels, value in samples:
+            index = labels[_index_label(vendor)]
+            gpus.setdefault(index, {})[metric] = value
+            if labels.get(pod_label):
+                holder[index] = (labels[namespace_label], labels[pod_label])
+        reported += len(gpus)
+        for index, figures in gpus.items():
+            if index in holder:
+                memory = figures[total] if total else sum(figures[p] for p in parts)
+                pods.setdefault(holder[index], []).append(
+                    GpuSample(figures[vendor.util_metric], figures[used], memory)
+                )
+    return pods, reported
 
 
 def nic_traffic(nic: SimNic) -> tuple[float, float]:

@@ -19,6 +19,7 @@ from lens_pipeline.sim.churn import ChurnStep
 from lens_pipeline.sim.dialects import SHIPPED, ExporterDialect, dialect_for
 from lens_pipeline.sim.faults import FAULT_TARGETS, TargetFaults, malformed_objects
 from lens_pipeline.sim.generate import GENERATION_EPOCH, KUBE_VERSION, populate
+from lens_pipeline.sim.history import ClusterHistory, NodeFrame, hour_truth, node_frame
 from lens_pipeline.sim.kinds import BY_PLURAL
 from lens_pipeline.sim.kubeobjects import node_conditions, parse_time, readiness_taints, rfc3339, stable_hash
 from lens_pipeline.sim.nics import SimNic
@@ -82,9 +83,12 @@ class SimCluster:
         continue_ttl: float = CONTINUE_TTL_SECONDS,
         clock: Callable[[], float] = time.time,
         dialect: ExporterDialect = SHIPPED,
+        history: bool = False,
     ) -> None:
         """`nodes` GPU nodes and `cpu_nodes` CPU nodes; workloads until there are `pods_per_node`
-        workload pods per GPU node, or `pods` pods in all (DaemonSet pods included) when given."""
+        workload pods per GPU node, or `pods` pods in all (DaemonSet pods included) when given.
+        With `history`, every change is recorded, and Prometheus answers for past times as the
+        cluster was then (`lens_pipeline.sim.history`)."""
         if vendor not in VENDORS:
             raise ValueError(f"cluster {name!r}: vendor must be one of {sorted(VENDORS)}, got {vendor!r}")
         self.name = name
@@ -127,6 +131,8 @@ class SimCluster:
         finally:
             if gc_was_enabled:
                 gc.enable()
+        self.history = ClusterHistory() if history else None
+        self._record()
 
     def __repr__(self) -> str:
         return (
@@ -267,32 +273,57 @@ class SimCluster:
             self._memo[name] = (self._state.version, value)
             return value
 
-    def exporter_samples(self) -> list[Sample]:
-        """(metric, labels, value) of every exporter series, as the per-node exporters expose them.
-        Shared and cached: callers must not modify it."""
-        return self.memo("exporter_samples", self._build_exporter_samples)
-
-    def _build_exporter_samples(self) -> list[Sample]:
+    def exporter_samples(self, at: float | None = None) -> list[Sample]:
+        """(metric, labels, value) of every exporter series, as the per-node exporters expose them,
+        now or (with history) at the past time `at`. Shared and cached: callers must not modify it."""
+        if at is None or self.history is None:
+            return self.memo("exporter_samples", lambda: self._samples(self._current_frames()))
+        history = self.history
         with self._lock:
-            profile, state = self.profile, self._state
-            samples: list[Sample] = []
-            for name in state.gpu_node_names():
-                if not state.exporter_up(name):
+            return history.memo(
+                ("samples", history.state_key(at)), lambda: self._samples(history.frames_at(at))
+            )
+
+    def exporter_up(self, node: str, at: float | None = None) -> bool:
+        """Whether the node's exporters answer (its node is Ready), now or at `at`."""
+        if at is None or self.history is None:
+            return self.node_status(node) == "Ready"
+        with self._lock:
+            frame = self.history.frames_at(at).get(node)
+        return frame is not None and frame.up
+
+    def _current_frames(self) -> dict[str, NodeFrame]:
+        with self._lock:
+            return {name: node_frame(self._state, name) for name in self._state.gpu_node_names()}
+
+    def _samples(self, frames: dict[str, NodeFrame]) -> list[Sample]:
+        profile = self.profile
+        samples: list[Sample] = []
+        for name in sorted(frames):
+            frame = frames[name]
+            if not frame.up:
+                continue
+            devices = self.history.devices[name] if self.history is not None else None
+            gpus = self._state.gpus.get(name)
+            product = devices.product if devices is not None else gpus.product  # type: ignore[union-attr]
+            device_list = devices.devices if devices is not None else gpus.devices  # type: ignore[union-attr]
+            for device, value, owner, present in zip(
+                device_list, frame.utilization, frame.owners, frame.present, strict=True
+            ):
+                if not present:
                     continue
-                gpus = state.gpus[name]
-                for device, value, owner, present in zip(
-                    gpus.devices, gpus.utilization, gpus.owners, gpus.present, strict=True
-                ):
-                    if not present:
-                        continue
-                    labels = profile.device_labels(name, device, gpus.product, profile.driver_version)
-                    if owner is not None:
-                        pod_label, namespace_label, container_label = profile.workload_labels
-                        labels.update(
-                            {pod_label: owner[1], namespace_label: owner[0], container_label: owner[2]}
-                        )
-                    samples.append((profile.util_metric, labels, value))
-            return samples
+                labels = profile.device_labels(name, device, product, profile.driver_version)
+                if owner is not None:
+                    pod_label, namespace_label, container_label = profile.workload_labels
+                    labels.update({pod_label: owner[1], namespace_label: owner[0], container_label: owner[2]})
+                samples.append((profile.util_metric, labels, value))
+        return samples
+
+    def _record(self) -> None:
+        """With history: what changed, at the cluster's clock."""
+        if self.history is not None:
+            with self._lock:
+                self.history.record(self._state, self.now())
 
     def truth_inputs(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, list[float]]]:
         """Simulated (not injected) node objects, pod objects and the utilization samples, taken together."""
@@ -321,6 +352,23 @@ class SimCluster:
             out[resource] = [e for e in snapshot.entries if (resource, e.key) not in state.raw]
         return out
 
+    def hour_truth(self, start: float, step: float = 30.0, **dimensions: Any) -> dict[str, Any]:
+        """The hourly tables' rows for the hour from `start` (unix seconds), from the recorded
+        history alone (`lens_pipeline.sim.history.hour_truth` says how)."""
+        from lens_pipeline.sim.exporters import pod_gpus
+
+        if self.history is None:
+            raise ValueError(f"cluster {self.name}: keeps no history (SimCluster(..., history=True))")
+        with self._lock:
+            return hour_truth(
+                self.history,
+                start,
+                step,
+                lambda t: pod_gpus(self, t)[0],
+                lambda t: pod_gpus(self, t)[1],
+                **dimensions,
+            )
+
     def truth(self) -> dict[str, Any]:
         """The ground truth served at `<base>/_truth`."""
         return cluster_truth(self)
@@ -341,6 +389,7 @@ class SimCluster:
             for _ in range(steps):
                 self._churn_steps += 1
                 done += ChurnStep(self, self._state, self._churn_rng, self.now()).run()
+                self._record()
         return dict(sorted(done.items()))
 
     # -- node mutations ------------------------------------------------------------------------
@@ -357,6 +406,7 @@ class SimCluster:
             node["status"]["conditions"] = node_conditions(ready, now, transition)
             self._set_taints(node, readiness_taints(node["spec"].get("taints", []), ready, now))
             self._state.put("nodes", node)
+            self._record()
 
     def add_taint(self, name: str, key: str, effect: str = "NoSchedule", value: str = "") -> None:
         """Add (or replace) the taint `key` on a node."""
@@ -417,6 +467,7 @@ class SimCluster:
             if "nvidia.com/gpu.count" in obj["metadata"]["labels"]:
                 obj["metadata"]["labels"]["nvidia.com/gpu.count"] = count
             state.put("nodes", obj)
+            self._record()
 
     def set_nic_present(self, node: str, device: str, present: bool) -> None:
         """An RDMA NIC vanishes from (or returns to) a node."""
@@ -444,6 +495,7 @@ class SimCluster:
             state.remove("nodes", name)
             for owner in sorted(owners - {""}):
                 controllers.refresh(owner, self.now())
+            self._record()
 
     def set_gpu_utilization(self, node: str, gpu: int, value: float) -> None:
         """A GPU's utilization from now on (NaN or infinite too: what a broken exporter reports)."""
@@ -453,6 +505,7 @@ class SimCluster:
             rounded = round(value, self.profile.util_decimals) if math.isfinite(value) else value
             self._state.gpus[node].utilization[gpu] = rounded
             self._state.changed()
+            self._record()
 
     def inject_series(self, job: str, instance: str, samples: list[Sample], node: str = "") -> None:
         """One more scrape target answering `samples` (metric, labels, value) as its exporter writes
@@ -476,6 +529,7 @@ class SimCluster:
                 self._check_fits(node, gpus, f"new pod on {node}")
             ctl = Controllers(self._state, self._rng)
             key = catalog.spawn_bound_job(ctl, node, gpus, phase, namespace, self.now())
+            self._record()
             return key.split("/", 1)[1]
 
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
@@ -491,6 +545,7 @@ class SimCluster:
             controllers = Controllers(state, self._rng)
             controllers.set_pod_phase(key, phase, self.now())
             controllers.refresh_up([record], self.now())
+            self._record()
 
     def remove_pod(self, namespace: str, name: str) -> None:
         with self._lock:
@@ -498,6 +553,7 @@ class SimCluster:
             if self._state.pod(key) is None:
                 raise LookupError(f"cluster {self.name}: pod {key!r} not found")
             Controllers(self._state, self._rng).delete_pod(key, self.now(), replace=False)
+            self._record()
 
     # -- injected objects ----------------------------------------------------------------------
 

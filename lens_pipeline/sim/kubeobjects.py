@@ -202,7 +202,8 @@ def _pod_conditions(
         ),
         condition("Ready", running, changed, None if running else done_reason),
         condition("ContainersReady", running, changed, None if running else done_reason),
-        condition("PodScheduled", True, min(created + 1, started)),
+        # Bound a moment before its containers start (at creation, or when a waiting pod got room).
+        condition("PodScheduled", True, min(started, max(created + 1, started - 1))),
     ]
 
 

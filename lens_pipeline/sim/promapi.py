@@ -24,20 +24,27 @@ def _error(status: int, message: str) -> SimResponse:
     )
 
 
-def query_series(cluster: SimCluster, metrics: Collection[str] | None = None) -> list[promql.Series]:
+def query_series(
+    cluster: SimCluster, metrics: Collection[str] | None = None, at: float | None = None
+) -> list[promql.Series]:
     """Every scraped series as Prometheus stores it: `__name__`, the target's `job` and `instance`,
     and `node` for per-node targets (the label `write_prometheus_config` gives them), and each
-    target's `up`. Series of
+    target's `up`; now, or at the past time `at` for a cluster keeping history. Series of
     targets with counters are made anew (counters move with time); the others are cached. With
     `metrics`, only the series of those metric names (what a query's selectors can match)."""
-    targets = exporters.scrape(cluster, metrics)
-    steady = cluster.memo(
-        "prometheus_series",
-        lambda: _by_name(
+    targets = exporters.scrape(cluster, metrics, at)
+
+    def build() -> dict[str, list[promql.Series]]:
+        return _by_name(
             _series(cluster, {t: v for t, v in targets.items() if t.job not in exporters.COUNTING_JOBS})
             + _series(cluster, {t: [("up", {}, 1.0)] for t in targets})
-        ),
-    )
+        )
+
+    history = cluster.history
+    if at is None or history is None:
+        steady = cluster.memo("prometheus_series", build)
+    else:
+        steady = history.memo(("series", history.state_key(at)), build)
     counting = _series(cluster, {t: v for t, v in targets.items() if t.job in exporters.COUNTING_JOBS})
     return _pick(steady, metrics) + counting
 
@@ -62,10 +69,38 @@ def _pick(by_name: dict[str, list[promql.Series]], metrics: Collection[str] | No
     return [item for name in names for item in by_name.get(name, ())]
 
 
-def _evaluate(cluster: SimCluster, query: str) -> list[promql.Series]:
+def _evaluate(cluster: SimCluster, query: str, at: float | None = None) -> list[promql.Series]:
     # A selector names its metric: hand the evaluator only those series, not all of the cluster's.
     metrics = promql.metric_names(promql.parse(query))
-    return promql.evaluate(query, query_series(cluster, metrics), counter_series(cluster, metrics))
+    return promql.evaluate(query, query_series(cluster, metrics, at), counter_series(cluster, metrics))
+
+
+def _evaluate_steps(
+    cluster: SimCluster, query: str, times: list[float]
+) -> dict[tuple, list[tuple[float, float]]]:
+    """A range query as Prometheus answers it: the query at each step, for a cluster keeping history
+    as the cluster was then (no point after now, as no sample exists yet); without history every
+    step sees the current samples. Points by series."""
+    history = cluster.history
+    now = cluster.now()
+    if history is None:
+        at_now = _evaluate(cluster, query)
+        return {tuple(sorted(labels.items())): [(t, value) for t in times] for labels, value in at_now}
+    metrics = promql.metric_names(promql.parse(query))
+    moving = metrics is None or bool(set(metrics) & exporters.COUNTERS)
+    series: dict[tuple, list[tuple[float, float]]] = {}
+    results: dict[int, list[promql.Series]] = {}
+    for t in times:
+        if t > now:
+            break
+        key = history.state_key(t)
+        # Between two changes the answer is the same (counters excepted: they move with time).
+        result = (
+            _evaluate(cluster, query, t) if moving else results.setdefault(key, _evaluate(cluster, query, t))
+        )
+        for labels, value in result:
+            series.setdefault(tuple(sorted(labels.items())), []).append((t, value))
+    return series
 
 
 def _series(
@@ -150,8 +185,9 @@ def _instant_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
     if not query:
         return _error(400, 'invalid parameter "query": query must not be empty')
     try:
-        at = _parse_time((form.get("time") or [None])[-1], cluster.now())
-        result = _evaluate(cluster, query)
+        asked = (form.get("time") or [None])[-1]
+        at = _parse_time(asked, cluster.now())
+        result = _evaluate(cluster, query, at if asked else None)
     except promql.PromQLError as exc:
         return _error(400, f'invalid parameter "query": {exc}')
     except ValueError as exc:
@@ -173,7 +209,7 @@ def _instant_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
 
 
 def _range_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
-    """The simulator keeps no history: every step of the range sees the current samples."""
+    """Every step of the range as the cluster was then (`_evaluate_steps`)."""
     form = req.form()
     query = (form.get("query") or [""])[-1]
     try:
@@ -182,12 +218,12 @@ def _range_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
         step = float((form.get("step") or ["60"])[-1])
         if not query or step <= 0 or end < start or (end - start) / step > 11_000:
             raise ValueError("query_range needs a query, 0 < step, start <= end and at most 11,000 points")
-        result = _evaluate(cluster, query)
+        times = [round(start + i * step, 3) for i in range(int((end - start) // step) + 1)]
+        result = _evaluate_steps(cluster, query, times)
     except promql.PromQLError as exc:
         return _error(400, f'invalid parameter "query": {exc}')
     except ValueError as exc:
         return _error(400, str(exc))
-    times = [round(start + i * step, 3) for i in range(int((end - start) // step) + 1)]
     return json_response(
         200,
         {
@@ -195,8 +231,8 @@ def _range_query(cluster: SimCluster, req: SimRequest) -> SimResponse:
             "data": {
                 "resultType": "matrix",
                 "result": [
-                    {"metric": labels, "values": [[t, promql.format_value(value)] for t in times]}
-                    for labels, value in result
+                    {"metric": dict(labels), "values": [[t, promql.format_value(v)] for t, v in points]}
+                    for labels, points in sorted(result.items())
                 ],
             },
         },

@@ -250,6 +250,8 @@ pod_resource = Table(
     Column("bound_at", UTCDateTime()),
     Column("end_at", UTCDateTime()),
     UniqueConstraint("cluster_name", "uid"),
+    # The pods that held GPUs in a past hour (ended after its start, or not ended).
+    Index("ix_pod_resource_end", "cluster_name", "end_at"),
 )
 
 # §1.11: a set, not the original's multiset.
@@ -507,7 +509,79 @@ workload_statistic = Table(
     Index("ix_workload_statistic_end_time", "stat_end_time"),
 )
 
-# §1.19: one row per workload and hour, what the SaFE workload statistic's three hours are read from.
+# The hourly history (spec §1.19, §4.9): one row per cluster / namespace / label or annotation value
+# / top-level workload and hour, and the allocation snapshots of each hour, all written by the hourly
+# history assets (`lens_pipeline.defs.history`), which recompute a whole (cluster, hour) at a time
+# from Prometheus range queries and the pods' lives in the Lens tables. A figure that could not be
+# measured in an hour (no utilization sample, no GPU series) is NULL, never 0.
+LABEL_KEY = 317  # a label key: a DNS subdomain prefix (253), "/" and a name (63)
+LABEL_VALUE = 255  # label values are at most 63; longer annotation values are cut to this
+
+
+def _hourly_figures(*names: str) -> list[Column]:
+    """Utilization figures of an hour: NULL when the hour had no sample."""
+    return [Column(f"{name}_utilization", Float) for name in names]
+
+
+cluster_gpu_hourly_stats = Table(
+    "cluster_gpu_hourly_stats",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("stat_hour", UTCDateTime(), nullable=False),
+    # Mean GPUs the exporters reported over the hour's steps with series (NULL: none).
+    Column("total_gpu_capacity", Float),
+    _figure("allocated_gpu_count", Float),
+    Column("allocation_rate", Float),
+    *_hourly_figures("avg", "max", "min", "p50", "p95"),
+    _figure("sample_count", Integer),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "stat_hour"),
+    Index("ix_cluster_gpu_hourly_stats_hour", "stat_hour"),
+)
+
+namespace_gpu_hourly_stats = Table(
+    "namespace_gpu_hourly_stats",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("namespace", String(K8S_NAME), nullable=False),
+    Column("stat_hour", UTCDateTime(), nullable=False),
+    # The namespace's GPU quota: the original read SaFE's workspace quotas; none is known here.
+    Column("total_gpu_capacity", Float),
+    Column("allocation_rate", Float),
+    _figure("allocated_gpu_count", Float),
+    *_hourly_figures("avg", "max", "min"),
+    _figure("active_workload_count", Float),
+    _figure("sample_count", Integer),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "namespace", "stat_hour"),
+    Index("ix_namespace_gpu_hourly_stats_hour", "cluster_name", "stat_hour"),
+)
+
+label_gpu_hourly_stats = Table(
+    "label_gpu_hourly_stats",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("dimension_type", String(20), nullable=False),  # label | annotation
+    Column("dimension_key", String(LABEL_KEY), nullable=False),
+    Column("dimension_value", String(LABEL_VALUE), nullable=False),
+    Column("stat_hour", UTCDateTime(), nullable=False),
+    _figure("allocated_gpu_count", Float),
+    *_hourly_figures("avg", "max", "min"),
+    _figure("active_workload_count", Float),
+    _figure("sample_count", Integer),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "dimension_type", "dimension_key", "dimension_value", "stat_hour"),
+    Index("ix_label_gpu_hourly_stats_hour", "cluster_name", "stat_hour"),
+)
+
+# One row per top-level workload and hour, keyed by uid (names are reused across time, uids are
+# not); what the SaFE workload statistic's three hours are read from.
 workload_gpu_hourly_stats = Table(
     "workload_gpu_hourly_stats",
     lens_metadata,
@@ -518,28 +592,50 @@ workload_gpu_hourly_stats = Table(
     Column("workload_name", String(K8S_NAME), nullable=False),
     Column("workload_type", String(50), nullable=False),
     Column("stat_hour", UTCDateTime(), nullable=False),
-    *(
-        _figure(c, Float)
-        for c in (
-            "allocated_gpu_count",
-            "avg_utilization",
-            "max_utilization",
-            "min_utilization",
-            "p50_utilization",
-            "p90_utilization",
-            "p95_utilization",
-            "total_sum",
-            "allocated_gpu_seconds",
-            "idle_gpu_seconds",
-        )
-    ),
-    _figure("sample_count", Integer),
-    Column("histogram", JSONDocument),
+    _figure("allocated_gpu_count", Float),
+    _figure("requested_gpu_count", Float),
+    *_hourly_figures("avg", "max", "min", "p50", "p90", "p95"),
+    # Per GPU, GiB; NULL when the exporter reported no memory for the workload's GPUs.
+    Column("avg_gpu_memory_used", Float),
+    Column("max_gpu_memory_used", Float),
+    Column("avg_gpu_memory_total", Float),
+    _figure("avg_replica_count", Float),
+    _figure("max_replica_count", Integer),
+    _figure("min_replica_count", Integer),
     Column("workload_status", String(50)),
+    _figure("sample_count", Integer),
+    Column("owner_uid", String(255)),
+    Column("owner_name", String(255)),
+    Column("labels", JSONDocument, nullable=False),
+    Column("annotations", JSONDocument, nullable=False),
+    # Beyond the original: the sum of the samples (SaFE weighs hours by it), GPU-seconds held and held idle.
+    _figure("total_sum", Float),
+    _figure("allocated_gpu_seconds", Float),
+    _figure("idle_gpu_seconds", Float),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     UniqueConstraint("cluster_name", "workload_uid", "stat_hour"),
     Index("ix_workload_gpu_hourly_stats_hour", "cluster_name", "namespace", "workload_name", "stat_hour"),
+    Index("ix_workload_gpu_hourly_stats_cluster_hour", "cluster_name", "stat_hour"),
+)
+
+# The cluster's allocation every few minutes of each hour, with what each namespace, label and
+# annotation value held (spec §1.19's `gpu_allocation_snapshots`, dimension "cluster").
+gpu_allocation_snapshots = Table(
+    "gpu_allocation_snapshots",
+    lens_metadata,
+    _id(),
+    _cluster(),
+    Column("snapshot_time", UTCDateTime(), nullable=False),
+    Column("dimension_type", String(20), nullable=False),
+    Column("dimension_key", String(LABEL_KEY)),
+    Column("dimension_value", String(LABEL_VALUE)),
+    Column("total_gpu_capacity", Integer, nullable=False, server_default=text("0")),
+    Column("allocated_gpu_count", Integer, nullable=False, server_default=text("0")),
+    Column("allocation_details", JSONDocument, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("cluster_name", "dimension_type", "snapshot_time"),
+    Index("ix_gpu_allocation_snapshots_time", "cluster_name", "snapshot_time"),
 )
 
 # The GPU consumers (spec §4.2): one row per running top-level workload, what the consumer metrics

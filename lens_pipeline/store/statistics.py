@@ -153,9 +153,8 @@ def stored_hours(
     }
 
 
-def write_statistics(conn: Connection, rows: Sequence[Row], hourly: Sequence[Row]) -> None:
+def write_statistics(conn: Connection, rows: Sequence[Row]) -> None:
     bulk_upsert(conn, workload_statistic, rows)
-    bulk_upsert(conn, workload_gpu_hourly_stats, hourly)
 
 
 def write_consumers(conn: Connection, cluster_name: str, rows: Sequence[Row], *, now: datetime) -> SyncResult:

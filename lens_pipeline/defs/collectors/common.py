@@ -63,6 +63,12 @@ class StatisticsConfig(Config):
     first_window_seconds: int = Field(
         default=600, ge=1, description="how far back the first run of a cluster reads (later runs continue)"
     )
+    max_window_seconds: int = Field(
+        default=3600,
+        ge=1,
+        description="a run reads at most this much of what it has not read yet; after an outage the "
+        "next runs catch up",
+    )
 
 
 class ClusterAssetsConfig(Config):

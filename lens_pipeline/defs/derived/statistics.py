@@ -1,22 +1,23 @@
 """`workload_gpu_statistics`: each running workload's GPU utilization over time (Lens
-`workload_statistic`, spec §1.17, §4.8) and per hour (`workload_gpu_hourly_stats`), with the
-GPU-seconds it held and held idle; then `gpu_consumers` (spec §4.2), one row per running top-level
-workload, what the consumer metrics are served from.
+`workload_statistic`, spec §1.17, §4.8), with the GPU-seconds it held and held idle; then
+`gpu_consumers` (spec §4.2), one row per running top-level workload, what the consumer metrics are
+served from. (Per hour: the hourly history, `lens_pipeline.defs.history`.)
 
 Utilization comes from the exporters' per-GPU series, which name the pod holding each GPU: three
 range queries grouped by pod over the window since the last run (sum, count, count under the idle
 threshold) and two instant ones, whatever the number of workloads. Pods roll up to every workload
-above them through `workload_pod_reference`.
+above them through `workload_pod_reference`: the pods that held GPUs in the window, so that a run
+catching up after an outage counts the pods that have ended since.
 """
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dagster import MaterializeResult, MetadataValue
 
+from lens_pipeline import settings
 from lens_pipeline.collect.statistics import (
-    HOURLY_COLUMN,
     PodKey,
     PodSeries,
     Window,
@@ -32,6 +33,7 @@ from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadat
 from lens_pipeline.defs.derived.common import cluster_view
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
+from lens_pipeline.store.hourly import pods_of_workloads_between
 from lens_pipeline.store.statistics import (
     ACTIVE,
     active_workloads,
@@ -40,7 +42,6 @@ from lens_pipeline.store.statistics import (
     gpu_pod_names,
     running_pods_by_workload,
     statistics_cursor,
-    stored_hours,
     stored_statistics,
     write_consumers,
     write_statistics,
@@ -85,8 +86,8 @@ def read_pod_now(prom: PromReader, profiles: Sequence[VendorProfile]) -> dict[Po
 
 
 @cluster_view(
-    description="GPU utilization of every running workload (Lens `workload_statistic`, and per hour "
-    "`workload_gpu_hourly_stats`): avg/p50/p90/p95/min/max/instant, GPU-seconds held and held idle.",
+    description="GPU utilization of every running workload (Lens `workload_statistic`): "
+    "avg/p50/p90/p95/min/max/instant, GPU-seconds held and held idle.",
     deps=[gpu_pods, gpu_workloads],
     kinds=frozenset({"prometheus", "sql"}),
     checks={
@@ -105,14 +106,19 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
     resolution = float(config.step_seconds)
     with engine.connect() as conn:
         workloads = active_workloads(conn, cluster.name)
-        pods_of = running_pods_by_workload(conn, cluster.name)
         known_pods = gpu_pod_names(conn, cluster.name)
         stored = stored_statistics(conn, cluster.name)
         cursor = statistics_cursor(conn, cluster.name)
-
     first, last = window_bounds(
-        cursor.timestamp() if cursor else None, now.timestamp(), config.first_window_seconds, resolution
+        cursor.timestamp() if cursor else None,
+        now.timestamp(),
+        config.first_window_seconds,
+        config.max_window_seconds,
+        resolution,
+        oldest=(now - timedelta(days=settings.history_days())).timestamp(),
     )
+    with engine.connect() as conn:
+        pods_of = pods_of_workloads_between(conn, cluster.name, _utc(first), _utc(last + resolution))
     prom = turn.prometheus_reader()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     series: dict[PodKey, PodSeries] = {}
@@ -170,8 +176,6 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
     ended = [uid for uid, row in stored.items() if uid not in active and row["workload_status"] in ACTIVE]
     with engine.connect() as conn:
         finals = ended_workload_status(conn, cluster.name, ended)
-        touched_hours = {_utc(s.time - s.time % 3600) for w in windows.values() for s in w.steps}
-        hours = stored_hours(conn, cluster.name, min(touched_hours)) if touched_hours else {}
     for uid in ended:
         final = finals.get(uid, {"status": "Deleted", "end_at": None})
         rows.append({**stored[uid], "workload_status": final["status"], "updated_at": now})
@@ -179,32 +183,10 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
             rows[-1]["stat_end_time"] = final["end_at"]
         rows[-1].pop("id")
 
-    hourly = []
-    by_uid = {w["uid"]: w for w in workloads}
-    for uid, window in windows.items():
-        for hour, part in window.by_hour().items():
-            hour_start = _utc(hour)
-            figures = accumulate(hours.get((uid, hour_start)), part, HOURLY_COLUMN)
-            workload = by_uid[uid]
-            hourly.append(
-                {
-                    "cluster_name": cluster.name,
-                    "workload_uid": uid,
-                    "namespace": workload["namespace"] or "",
-                    "workload_name": workload["name"] or "",
-                    "workload_type": workload["kind"] or "",
-                    "stat_hour": hour_start,
-                    "allocated_gpu_count": float(workload["gpu_request"] or 0),
-                    **figures,
-                    "workload_status": workload["status"],
-                    "created_at": now,
-                    "updated_at": now,
-                }
-            )
     with write_transaction(engine) as conn:
         claimed = claim_statistics_window(conn, cluster.name, cursor)
         if claimed:
-            write_statistics(conn, rows, hourly)
+            write_statistics(conn, rows)
         else:
             turn.log.warning(f"cluster {cluster.name}: another run added this window first; nothing written")
 
@@ -229,6 +211,8 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
             "window_start": _utc(first).isoformat() if queried else "",
             "window_end": _utc(last).isoformat() if queried else "",
             "window_points": int((last - first) // resolution) + 1 if queried else 0,
+            # Behind by more than a run reads (after an outage): the next runs catch up.
+            "seconds_behind": round(max(0.0, now.timestamp() - last - resolution), 3) if queried else 0,
             "idle_gpu_seconds": MetadataValue.float(float(sum(w.idle_gpu_seconds for w in windows.values()))),
             "allocated_gpu_seconds": MetadataValue.float(
                 float(sum(w.allocated_gpu_seconds for w in windows.values()))

@@ -1,0 +1,400 @@
+"""One cluster's GPU hour (spec §4.9), pure: the rows of `cluster_gpu_hourly_stats`,
+`namespace_gpu_hourly_stats`, `label_gpu_hourly_stats`, `workload_gpu_hourly_stats` and
+`gpu_allocation_snapshots` from what held GPUs at each step of the hour and how busy they were.
+
+Inputs are plain: the pods that held GPUs at some time in the hour with their lives (bound, ended)
+and top-level workload, from the Lens tables; per pod and step the utilization sums and GPU counts
+the exporters' series give (grouped by pod, `lens_pipeline.defs.derived.statistics.read_pod_series`);
+per step the GPUs the exporters report. A pod holds its GPUs at a step t when bound_at <= t < end_at.
+
+At each step: allocated GPUs are the GPUs of the pods holding then; utilization is the mean over
+the GPUs those pods hold that report a number. Per hour: allocation is the mean over every step
+of the hour, utilization figures are over the steps that had a number (none: NULL), percentiles
+interpolate linearly between the two nearest samples (what numpy, pandas and Prometheus'
+`quantile_over_time` compute; the original took the sample at a rounded-up index).
+
+pandas does the grouping: one long frame of (pod, step) rows, summed by step and by each
+dimension, then described per dimension (docs/BENCHMARKS.md compares it with plain Python).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lens_pipeline.collect.statistics import PodKey, PodSeries
+
+Row = dict[str, Any]
+HOUR = 3600.0
+MIB_PER_GIB = 1024.0
+# The original left these out of the namespace and workload figures unless asked (§4.9).
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease"})
+LABEL_VALUE_LENGTH = 255
+RUNNING, ENDED = "Running", "Ended"
+UTILIZATION = {"avg": "mean", "min": "min", "max": "max"}
+PERCENTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95}
+
+
+@dataclass(frozen=True)
+class HeldPod:
+    """A pod that held GPUs at some time in the hour (unix seconds; `end_at` None: not ended)."""
+
+    uid: str
+    namespace: str
+    name: str
+    gpus: int
+    bound_at: float
+    end_at: float | None
+    workload: str | None  # uid of its top-level workload, if it has one
+
+
+@dataclass(frozen=True)
+class WorkloadInfo:
+    uid: str
+    kind: str
+    namespace: str
+    name: str
+    parent_uid: str
+    labels: Mapping[str, Any]
+    annotations: Mapping[str, Any]
+
+
+@dataclass
+class PodMemory:
+    """One pod's GPUs at each step (unix time): memory used and in total (MiB), GPUs reporting it."""
+
+    used: dict[float, float] = field(default_factory=dict)
+    total: dict[float, float] = field(default_factory=dict)
+    gpus: dict[float, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HourInputs:
+    cluster: str
+    start: float  # unix seconds of the hour's first step
+    step_seconds: float
+    capacity: Mapping[float, float]  # GPUs the exporters report, at each step that had series
+    utilization: Mapping[PodKey, PodSeries]
+    memory: Mapping[PodKey, PodMemory]
+    pods: Sequence[HeldPod]
+    workloads: Mapping[str, WorkloadInfo]
+
+
+@dataclass(frozen=True)
+class Dimensions:
+    """What the hour is cut by, as the original's `gpu_aggregation` configuration (§4.9)."""
+
+    label_keys: tuple[str, ...] = ("app", "team", "env")
+    annotation_keys: tuple[str, ...] = ("project", "cost-center")
+    default_value: str = "unknown"  # a workload without the label or annotation
+    excluded_namespaces: frozenset[str] = SYSTEM_NAMESPACES
+    snapshot_seconds: float = 300.0  # an allocation snapshot every so often
+
+
+@dataclass
+class HourTables:
+    cluster: Row
+    namespaces: list[Row]
+    labels: list[Row]
+    workloads: list[Row]
+    snapshots: list[Row]
+
+
+def step_count(step_seconds: float) -> int:
+    """Steps of one hour: t = start, start + step, ..., start + 3600 - step."""
+    steps = HOUR / step_seconds
+    if step_seconds <= 0 or steps != int(steps):
+        raise ValueError(f"the step ({step_seconds} s) must divide an hour")
+    return int(steps)
+
+
+def hour_tables(inputs: HourInputs, dimensions: Dimensions = Dimensions()) -> HourTables:
+    """Every table's rows for the hour (without `cluster_name`, `stat_hour` and timestamps)."""
+    n = step_count(inputs.step_seconds)
+    frame = _pod_steps(inputs, n)
+    per_step = _by_step(frame, [])
+    capacity = pd.Series(
+        {_step(inputs, t): value for t, value in inputs.capacity.items() if 0 <= _step(inputs, t) < n},
+        dtype=float,
+    )
+    workloads = frame[frame["workload"].notna()]
+    counted = frame[~frame["namespace"].isin(dimensions.excluded_namespaces)]
+    by_workload = _by_step(counted[counted["workload"].notna()], ["workload"], replicas=True)
+    by_namespace = _by_step(counted, ["namespace"])
+    by_value = _by_dimension_value(_by_step(workloads, ["workload"]), inputs.workloads, dimensions)
+    return HourTables(
+        cluster=_cluster_row(per_step, capacity, n),
+        namespaces=_described(by_namespace, n, ["namespace"]),
+        labels=_described(by_value, n, ["dimension_type", "dimension_key", "dimension_value"]),
+        workloads=_workload_rows(by_workload, inputs, n),
+        snapshots=_snapshots(inputs, n, per_step, capacity, by_namespace, by_value, by_workload, dimensions),
+    )
+
+
+def _step(inputs: HourInputs, t: float) -> int:
+    return round((t - inputs.start) / inputs.step_seconds)
+
+
+# -- the long frame ----------------------------------------------------------------------------
+
+FIGURES = ("util_sum", "util_n", "idle_n", "mem_used", "mem_total", "mem_n")
+
+
+def _pod_steps(inputs: HourInputs, n: int) -> pd.DataFrame:
+    """One row per pod and step at which it held GPUs, with what its GPUs reported then."""
+    pods = pd.DataFrame(
+        [(p.uid, p.namespace, p.name, p.gpus, p.bound_at, p.end_at, p.workload) for p in inputs.pods],
+        columns=["uid", "namespace", "name", "gpus", "bound_at", "end_at", "workload"],
+    )
+    step = inputs.step_seconds
+    # A pod holds at t when bound_at <= t < end_at: steps first..last-1.
+    first = np.ceil((pods["bound_at"].astype(float) - inputs.start) / step).clip(0, n)
+    end = pods["end_at"].astype(float).fillna(inputs.start + n * step)
+    last = np.ceil((end - inputs.start) / step).clip(0, n)
+    held = (last - first).clip(0).astype(int).to_numpy()
+    rows = pods.loc[pods.index.repeat(held)].reset_index(drop=True)
+    offsets = np.arange(held.sum()) - np.repeat(np.cumsum(held) - held, held)
+    rows["k"] = np.repeat(first.to_numpy(dtype=int), held) + offsets
+    return rows.merge(_pod_figures(inputs, n), on=["namespace", "name", "k"], how="left").fillna(
+        dict.fromkeys(FIGURES, 0.0)
+    )
+
+
+def _pod_figures(inputs: HourInputs, n: int) -> pd.DataFrame:
+    """Per (namespace, pod, step): utilization sum and GPUs with a number, GPUs idle, memory."""
+    records: dict[tuple[str, str, int], list[float]] = {}
+    for (namespace, pod), series in inputs.utilization.items():
+        for t, count in series.counts.items():
+            k = _step(inputs, t)
+            if 0 <= k < n:
+                record = records.setdefault((namespace, pod, k), [0.0] * len(FIGURES))
+                record[0], record[1] = series.sums.get(t, 0.0), count
+                record[2] = series.idle.get(t, 0.0)
+    for (namespace, pod), memory in inputs.memory.items():
+        for t, gpus in memory.gpus.items():
+            k = _step(inputs, t)
+            if 0 <= k < n:
+                record = records.setdefault((namespace, pod, k), [0.0] * len(FIGURES))
+                record[3], record[4], record[5] = memory.used.get(t, 0.0), memory.total.get(t, 0.0), gpus
+    return pd.DataFrame(
+        [(*key, *values) for key, values in records.items()],
+        columns=["namespace", "name", "k", *FIGURES],
+    )
+
+
+def _by_step(frame: pd.DataFrame, keys: list[str], replicas: bool = False) -> pd.DataFrame:
+    """Figures summed per dimension value and step, with the utilization of that step (NaN when no
+    GPU reported a number) and how many workloads (and, with `replicas`, pods) held GPUs."""
+    aggregations: dict[str, Any] = {
+        "gpus": ("gpus", "sum"),
+        "util_sum": ("util_sum", "sum"),
+        "util_n": ("util_n", "sum"),
+        "idle_n": ("idle_n", "sum"),
+        "mem_used": ("mem_used", "sum"),
+        "mem_total": ("mem_total", "sum"),
+        "mem_n": ("mem_n", "sum"),
+        "workloads": ("workload", "nunique"),
+    }
+    if replicas:
+        aggregations["replicas"] = ("uid", "count")
+    summed = frame.groupby([*keys, "k"]).agg(**aggregations).reset_index()
+    summed["u"] = summed["util_sum"] / summed["util_n"].where(summed["util_n"] > 0)
+    return summed
+
+
+def _by_dimension_value(
+    by_workload: pd.DataFrame, workloads: Mapping[str, WorkloadInfo], dimensions: Dimensions
+) -> pd.DataFrame:
+    """The workloads' steps summed per label and annotation value of the workload (a workload
+    without the key counts under the default value)."""
+    values = [
+        (uid, kind, key, _dimension_value(source.get(key), dimensions.default_value))
+        for uid, info in workloads.items()
+        for kind, keys, source in (
+            ("label", dimensions.label_keys, info.labels),
+            ("annotation", dimensions.annotation_keys, info.annotations),
+        )
+        for key in keys
+    ]
+    mapping = pd.DataFrame(values, columns=["workload", "dimension_type", "dimension_key", "dimension_value"])
+    joined = by_workload.merge(mapping, on="workload")
+    keys = ["dimension_type", "dimension_key", "dimension_value", "k"]
+    summed = joined.groupby(keys)[["gpus", "util_sum", "util_n"]].sum()
+    summed["workloads"] = joined.groupby(keys)["workload"].nunique()
+    summed = summed.reset_index()
+    summed["u"] = summed["util_sum"] / summed["util_n"].where(summed["util_n"] > 0)
+    return summed
+
+
+def _dimension_value(value: Any, default: str) -> str:
+    text = "" if value is None else str(value)
+    return text[:LABEL_VALUE_LENGTH] if text else default
+
+
+# -- the hour ----------------------------------------------------------------------------------
+
+
+def _number(value: Any) -> float | None:
+    """A figure as stored: NaN (nothing measured) is NULL."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def _cluster_row(per_step: pd.DataFrame, capacity: pd.Series, n: int) -> Row:
+    utilization = per_step["u"].dropna()
+    allocated = float(per_step["gpus"].sum()) / n
+    mean_capacity = float(capacity.mean()) if not capacity.empty else None
+    return {
+        "total_gpu_capacity": mean_capacity,
+        "allocated_gpu_count": allocated,
+        "allocation_rate": 100.0 * allocated / mean_capacity if mean_capacity else None,
+        **_described_utilization(utilization, ("p50", "p95")),
+        "sample_count": len(utilization),
+    }
+
+
+def _described_utilization(utilization: pd.Series, percentiles: Sequence[str] = ()) -> Row:
+    if utilization.empty:
+        return {f"{name}_utilization": None for name in (*UTILIZATION, *percentiles)}
+    return {
+        **{f"{name}_utilization": float(getattr(utilization, how)()) for name, how in UTILIZATION.items()},
+        **{f"{name}_utilization": float(utilization.quantile(PERCENTILES[name])) for name in percentiles},
+    }
+
+
+def _described(per_step: pd.DataFrame, n: int, keys: list[str], percentiles: Sequence[str] = ()) -> list[Row]:
+    """Per dimension value: mean allocation and workloads over every step of the hour, utilization
+    over the steps with a number."""
+    if per_step.empty:
+        return []
+    groups = per_step.groupby(keys)
+    table = pd.DataFrame(
+        {
+            "allocated_gpu_count": groups["gpus"].sum() / n,
+            "active_workload_count": groups["workloads"].sum() / n,
+            "sample_count": groups["u"].count(),
+            **{f"{name}_utilization": getattr(groups["u"], how)() for name, how in UTILIZATION.items()},
+            **{f"{name}_utilization": groups["u"].quantile(PERCENTILES[name]) for name in percentiles},
+        }
+    ).reset_index()
+    return [
+        {k: (_number(v) if k.endswith("_utilization") else v) for k, v in row.items()}
+        | {"sample_count": int(row["sample_count"])}
+        for row in table.to_dict("records")
+    ]
+
+
+def _workload_rows(by_workload: pd.DataFrame, inputs: HourInputs, n: int) -> list[Row]:
+    rows = []
+    step = inputs.step_seconds
+    described = {row["workload"]: row for row in _described(by_workload, n, ["workload"], tuple(PERCENTILES))}
+    for uid, steps in by_workload.groupby("workload"):
+        info = inputs.workloads[str(uid)]
+        held = steps[steps["replicas"] > 0]
+        memory = steps[steps["mem_n"] > 0]
+        used = memory["mem_used"] / memory["mem_n"] / MIB_PER_GIB
+        row = described[uid]
+        rows.append(
+            {
+                "workload_uid": info.uid,
+                "namespace": info.namespace,
+                "workload_name": info.name,
+                "workload_type": info.kind,
+                "allocated_gpu_count": row["allocated_gpu_count"],
+                "requested_gpu_count": row["allocated_gpu_count"],
+                **{k: v for k, v in row.items() if k.endswith("_utilization")},
+                "avg_gpu_memory_used": _number(used.mean()) if not used.empty else None,
+                "max_gpu_memory_used": _number(used.max()) if not used.empty else None,
+                "avg_gpu_memory_total": _number((memory["mem_total"] / memory["mem_n"]).mean() / MIB_PER_GIB)
+                if not memory.empty
+                else None,
+                "avg_replica_count": float(held["replicas"].mean()),
+                "max_replica_count": int(held["replicas"].max()),
+                "min_replica_count": int(held["replicas"].min()),
+                # Still holding GPUs at the hour's last step, or not any more.
+                "workload_status": RUNNING if (steps["k"] == n - 1).any() else ENDED,
+                "sample_count": row["sample_count"],
+                "owner_uid": info.parent_uid,
+                "owner_name": "",
+                "labels": dict(info.labels),
+                "annotations": dict(info.annotations),
+                "total_sum": float(steps["u"].sum()),
+                "allocated_gpu_seconds": float(steps["gpus"].sum()) * step,
+                "idle_gpu_seconds": float(steps["idle_n"].sum()) * step,
+            }
+        )
+    return sorted(rows, key=lambda r: r["workload_uid"])
+
+
+# -- snapshots ---------------------------------------------------------------------------------
+
+
+def _snapshots(
+    inputs: HourInputs,
+    n: int,
+    per_step: pd.DataFrame,
+    capacity: pd.Series,
+    by_namespace: pd.DataFrame,
+    by_value: pd.DataFrame,
+    by_workload: pd.DataFrame,
+    dimensions: Dimensions,
+) -> list[Row]:
+    """The cluster's allocation every `snapshot_seconds`, with what each namespace (and its
+    workloads), label and annotation value held then."""
+    every = max(1, round(dimensions.snapshot_seconds / inputs.step_seconds))
+    cluster = per_step.set_index("k")
+    workload_rows = by_workload.merge(
+        pd.DataFrame(
+            [(w.uid, w.namespace, w.name, w.kind) for w in inputs.workloads.values()],
+            columns=["workload", "w_namespace", "w_name", "w_kind"],
+        ),
+        on="workload",
+    )
+    rows = []
+    for k in range(0, n, every):
+        namespaces = {}
+        for row in by_namespace[by_namespace["k"] == k].to_dict("records"):
+            held = workload_rows[
+                (workload_rows["k"] == k) & (workload_rows["w_namespace"] == row["namespace"])
+            ]
+            namespaces[row["namespace"]] = {
+                **_held(row),
+                "workloads": [
+                    {
+                        "uid": w["workload"],
+                        "name": w["w_name"],
+                        "namespace": w["w_namespace"],
+                        "kind": w["w_kind"],
+                    }
+                    | _held(w, count=False)
+                    for w in held.to_dict("records")
+                ],
+            }
+        values: dict[str, dict[str, Any]] = {"label": {}, "annotation": {}}
+        for row in by_value[by_value["k"] == k].to_dict("records"):
+            values[row["dimension_type"]][f"{row['dimension_key']}:{row['dimension_value']}"] = _held(row)
+        rows.append(
+            {
+                "snapshot_time": inputs.start + k * inputs.step_seconds,
+                "dimension_type": "cluster",
+                "dimension_key": None,
+                "dimension_value": None,
+                "total_gpu_capacity": int(capacity.get(k, 0)),
+                "allocated_gpu_count": int(cluster["gpus"].get(k, 0)),
+                "allocation_details": {
+                    "namespaces": namespaces,
+                    "labels": values["label"],
+                    "annotations": values["annotation"],
+                },
+            }
+        )
+    return rows
+
+
+def _held(row: Mapping[str, Any], count: bool = True) -> dict[str, Any]:
+    held = {"allocatedGpu": int(row["gpus"]), "utilization": _number(row["u"])}
+    return held | {"workloadCount": int(row["workloads"])} if count else held

@@ -1,0 +1,160 @@
+"""Reads and writes of the hourly history: which pods held GPUs in a past hour (their lives in
+`pod_resource`, names in `gpu_pods`, top-level workloads through `workload_pod_reference`), and
+the hour's rows, replaced whole."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Table, and_, delete, or_, select
+
+from lens_pipeline.store.schema import (
+    cluster_gpu_hourly_stats,
+    gpu_allocation_snapshots,
+    gpu_pods,
+    gpu_workload,
+    label_gpu_hourly_stats,
+    namespace_gpu_hourly_stats,
+    pod_resource,
+    workload_gpu_hourly_stats,
+    workload_pod_reference,
+)
+from lens_pipeline.store.upsert import bulk_upsert
+
+Row = dict[str, Any]
+# Each hourly table and the column that places a row in its hour.
+HOURLY_TABLES: dict[str, tuple[Table, str]] = {
+    t.name: (t, column)
+    for t, column in (
+        (cluster_gpu_hourly_stats, "stat_hour"),
+        (namespace_gpu_hourly_stats, "stat_hour"),
+        (label_gpu_hourly_stats, "stat_hour"),
+        (workload_gpu_hourly_stats, "stat_hour"),
+        (gpu_allocation_snapshots, "snapshot_time"),
+    )
+}
+
+
+def _held_between(cluster_name: str, start: datetime, end: datetime) -> Any:
+    """GPU pods bound before `end` and not ended by `start` (a pod never bound held nothing)."""
+    return and_(
+        pod_resource.c.cluster_name == cluster_name,
+        pod_resource.c.bound_at.is_not(None),
+        pod_resource.c.bound_at < end,
+        or_(pod_resource.c.end_at.is_(None), pod_resource.c.end_at > start),
+        pod_resource.c.gpu_allocated > 0,
+    )
+
+
+def pods_holding(conn: Connection, cluster_name: str, start: datetime, end: datetime) -> list[Row]:
+    """Every pod that held GPUs at some time in [start, end): uid, namespace, name, GPUs, bound_at,
+    end_at, and `workload`, the uid of its top-level workload (None when it has none)."""
+    pods = (
+        select(
+            pod_resource.c.uid,
+            gpu_pods.c.namespace,
+            gpu_pods.c.name,
+            pod_resource.c.gpu_allocated.label("gpus"),
+            pod_resource.c.bound_at,
+            pod_resource.c.end_at,
+        )
+        .select_from(
+            pod_resource.join(
+                gpu_pods,
+                and_(
+                    gpu_pods.c.cluster_name == pod_resource.c.cluster_name,
+                    gpu_pods.c.uid == pod_resource.c.uid,
+                ),
+            )
+        )
+        .where(_held_between(cluster_name, start, end))
+    )
+    tops = (
+        select(workload_pod_reference.c.pod_uid, workload_pod_reference.c.workload_uid)
+        .select_from(
+            workload_pod_reference.join(
+                gpu_workload,
+                and_(
+                    gpu_workload.c.cluster_name == workload_pod_reference.c.cluster_name,
+                    gpu_workload.c.uid == workload_pod_reference.c.workload_uid,
+                ),
+            ).join(
+                pod_resource,
+                and_(
+                    pod_resource.c.cluster_name == workload_pod_reference.c.cluster_name,
+                    pod_resource.c.uid == workload_pod_reference.c.pod_uid,
+                ),
+            )
+        )
+        .where(
+            _held_between(cluster_name, start, end),
+            or_(gpu_workload.c.parent_uid.is_(None), gpu_workload.c.parent_uid == ""),
+        )
+    )
+    top_of: dict[str, str] = {}
+    for row in conn.execute(tops):
+        # A pod has one top-level workload; should two claim it, the same one always wins.
+        top_of[row.pod_uid] = min(top_of.get(row.pod_uid, row.workload_uid), row.workload_uid)
+    return [{**row, "workload": top_of.get(row["uid"])} for row in conn.execute(pods).mappings()]
+
+
+def pods_of_workloads_between(
+    conn: Connection, cluster_name: str, start: datetime, end: datetime
+) -> dict[str, list[Row]]:
+    """Each workload's pods (namespace, name), at every level above them, that held GPUs at some
+    time in [start, end), through `workload_pod_reference`."""
+    query = (
+        select(workload_pod_reference.c.workload_uid, gpu_pods.c.namespace, gpu_pods.c.name)
+        .select_from(
+            workload_pod_reference.join(
+                pod_resource,
+                and_(
+                    pod_resource.c.cluster_name == workload_pod_reference.c.cluster_name,
+                    pod_resource.c.uid == workload_pod_reference.c.pod_uid,
+                ),
+            ).join(
+                gpu_pods,
+                and_(
+                    gpu_pods.c.cluster_name == pod_resource.c.cluster_name,
+                    gpu_pods.c.uid == pod_resource.c.uid,
+                ),
+            )
+        )
+        .where(_held_between(cluster_name, start, end))
+    )
+    pods: dict[str, list[Row]] = {}
+    for row in conn.execute(query).mappings():
+        pods.setdefault(row["workload_uid"], []).append({"namespace": row["namespace"], "name": row["name"]})
+    return pods
+
+
+def workloads_by_uid(conn: Connection, cluster_name: str, uids: Sequence[str]) -> dict[str, Row]:
+    """The stored `gpu_workload` rows of `uids`: kind, namespace, name, parent, labels, annotations."""
+    wanted = sorted(set(uids))
+    out: dict[str, Row] = {}
+    columns = [
+        gpu_workload.c[c] for c in ("uid", "kind", "namespace", "name", "parent_uid", "labels", "annotations")
+    ]
+    for first in range(0, len(wanted), 500):
+        query = select(*columns).where(
+            gpu_workload.c.cluster_name == cluster_name, gpu_workload.c.uid.in_(wanted[first : first + 500])
+        )
+        out.update({row["uid"]: dict(row) for row in conn.execute(query).mappings()})
+    return out
+
+
+def replace_hour(
+    conn: Connection,
+    table: Table,
+    cluster_name: str,
+    start: datetime,
+    end: datetime,
+    rows: Sequence[Mapping[str, Any]],
+) -> int:
+    """The cluster's rows of `table` in [start, end) become `rows`: rows of the hour that no longer
+    apply go, so a re-materialized hour is exactly what it computed. Returns the rows written."""
+    column = table.c[HOURLY_TABLES[table.name][1]]
+    conn.execute(delete(table).where(table.c.cluster_name == cluster_name, column >= start, column < end))
+    return bulk_upsert(conn, table, list(rows))
