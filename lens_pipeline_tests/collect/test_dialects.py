@@ -15,7 +15,13 @@ from lens_pipeline.collect.statistics import window_bounds
 from lens_pipeline.vendors import AMD, JUICEFS, NVIDIA, ExporterOverrides, learn_dialect, learn_profile
 
 AMD_LABELS = {"hostname", "gpu_id", "serial_number", "card_model", "card_series", "pod", "namespace"}
-AMD_METRICS = {"gpu_gfx_activity", "gpu_junction_temperature", "gpu_package_power", "gpu_total_vram"}
+AMD_METRICS = {
+    "gpu_gfx_activity",
+    "gpu_junction_temperature",
+    "gpu_package_power",
+    "gpu_total_vram",
+    "gpu_used_vram",
+}
 
 
 def labels_of(table: dict[str, set[str]]):
@@ -189,11 +195,18 @@ def test_a_pod_label_that_is_the_scrape_targets_means_exported_pod_even_with_no_
         (None, 1000.0, (420.0, 990.0)),  # first run: from 600 s back, on multiples of 30 s
         (960.0, 1000.0, (990.0, 990.0)),  # continues after the last point read
         (990.0, 1000.0, (1020.0, 990.0)),  # nothing new yet: last < first
-        (10.0, 5000.0, (4410.0, 4980.0)),  # after a long pause: 600 s back only
+        # After an outage: from where it stopped, an hour per run; the next run goes on.
+        (1000.0, 9000.0, (1020.0, 4590.0)),
+        (4590.0, 9000.0, (4620.0, 8190.0)),
+        (8190.0, 9000.0, (8220.0, 9000.0)),
+        (10.0, 90_000.0, (3030.0, 6600.0)),  # no further back than Prometheus keeps (`oldest`)
     ],
 )
 def test_statistics_windows_continue_on_multiples_of_the_resolution(cursor, now, expected):
-    assert window_bounds(cursor, now, first_window_seconds=600, resolution=30) == expected
+    bounds = window_bounds(
+        cursor, now, first_window_seconds=600, max_window_seconds=3600, resolution=30, oldest=now - 87_000
+    )
+    assert bounds == expected
 
 
 def test_juicefs_queries_are_one_per_figure_grouped_by_volume():
