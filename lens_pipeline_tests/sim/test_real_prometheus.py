@@ -117,6 +117,9 @@ def pipeline_queries(dialect: Dialect) -> list[str]:
         *profile.utilization_sum_queries(),
         *profile.pod_utilization_queries(101)[:2],  # per pod: utilization sum and GPU count
         profile.pod_utilization_queries(101)[2],  # GPUs under 101 %: all of them
+        # The hourly history's: GPUs reported, per pod the memory of its GPUs and their count.
+        profile.capacity_query(),
+        *profile.pod_memory_queries().values(),
     ]
 
 
@@ -287,3 +290,74 @@ def test_overview_and_workload_statistics_on_a_real_prometheus_equal_the_truth(s
                 assert row["idle_gpu_seconds"] == pytest.approx(idle * row["sample_count"])
                 checked += 1
     assert checked, "no workload held a GPU"
+
+
+def test_the_simulators_past_is_what_a_real_prometheus_recorded(tmp_path):
+    """A cluster keeping history, scraped by a real Prometheus while its GPUs change: a range query
+    over the last seconds gets from the simulator what the real one recorded (steps next to a
+    change aside: a scrape lands up to an interval after it)."""
+    binary = shutil.which("prometheus")
+    skip_unless(binary is not None, "Debian's prometheus is not installed (apt-get install prometheus)")
+    fleet = SimFleet.generate(clusters=1, nodes=3, seed=8, vendor="amd", history=True)
+    (cluster,) = fleet
+    with SimServer(fleet) as server:
+        config = tmp_path / "prometheus.yml"
+        config.write_text(yaml.safe_dump(prometheus_config(cluster, server, scrape_interval="1s")))
+        port = _free_port()
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_until_scraped(url, len(scrape(cluster)))
+            start = time.time()
+            changes = []
+            node = cluster.node_names()[0]
+            for value in (11.0, 77.0):  # a GPU held by no pod, and the node's mean, move
+                time.sleep(4)
+                changes.append(time.time())
+                cluster.set_gpu_utilization(node, 0, value)
+            time.sleep(4)
+            (profile,) = read_dialect(PromReader("real", url), cluster.vendor, ExporterOverrides()).profiles
+            queries = [  # the per-node one last: its values are looked at after the loop
+                profile.capacity_query(),
+                profile.utilization_sum_queries()[0],
+                profile.node_utilization_query(),
+            ]
+            end = datetime_of(time.time() - 1)
+            for query in queries:
+                real = PromReader("real", url).matrix(query, datetime_of(start), end, 1)
+                simulated = PromReader("sim", server.prometheus_url(cluster.name)).matrix(
+                    query, datetime_of(start), end, 1
+                )
+                assert {frozenset(s.labels.items()) for s in real} == {
+                    frozenset(s.labels.items()) for s in simulated
+                }
+                by_labels = {frozenset(s.labels.items()): dict(s.points) for s in simulated}
+                compared: dict[frozenset, set[float]] = {}
+                for series in real:
+                    expected = by_labels[frozenset(series.labels.items())]
+                    for t, value in series.points:
+                        if min(abs(t - c) for c in changes) > 1.2 and t in expected:
+                            assert value == pytest.approx(expected[t]), (query, t)
+                            compared.setdefault(series.labels.get(profile.node_label, ""), set()).add(value)
+                assert compared, query
+            # The changed node's mean took every value in turn, in both (the past is not today's).
+            assert len(compared[node]) == 3
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def datetime_of(t: float):
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(round(t), UTC)
