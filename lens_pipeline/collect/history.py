@@ -107,10 +107,9 @@ class HourTables:
 
 def step_count(step_seconds: float) -> int:
     """Steps of one hour: t = start, start + step, ..., start + 3600 - step."""
-    steps = HOUR / step_seconds
-    if step_seconds <= 0 or steps != int(steps):
+    if step_seconds <= 0 or (HOUR / step_seconds) % 1:
         raise ValueError(f"the step ({step_seconds} s) must divide an hour")
-    return int(steps)
+    return int(HOUR / step_seconds)
 
 
 def hour_tables(inputs: HourInputs, dimensions: Dimensions = Dimensions()) -> HourTables:
@@ -181,10 +180,11 @@ def _pod_figures(inputs: HourInputs, n: int) -> pd.DataFrame:
             if 0 <= k < n:
                 record = records.setdefault((namespace, pod, k), [0.0] * len(FIGURES))
                 record[3], record[4], record[5] = memory.used.get(t, 0.0), memory.total.get(t, 0.0), gpus
-    return pd.DataFrame(
+    frame = pd.DataFrame(
         [(*key, *values) for key, values in records.items()],
         columns=["namespace", "name", "k", *FIGURES],
     )
+    return frame.astype({"k": int, **dict.fromkeys(FIGURES, float)})
 
 
 def _by_step(frame: pd.DataFrame, keys: list[str], replicas: bool = False) -> pd.DataFrame:
