@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -149,7 +150,7 @@ def _pod_steps(inputs: HourInputs, n: int) -> pd.DataFrame:
     pods = pd.DataFrame(
         [(p.uid, p.namespace, p.name, p.gpus, p.bound_at, p.end_at, p.workload) for p in inputs.pods],
         columns=["uid", "namespace", "name", "gpus", "bound_at", "end_at", "workload"],
-    )
+    ).astype({"namespace": "str", "name": "str"})
     step = inputs.step_seconds
     # A pod holds at t when bound_at <= t < end_at: steps first..last-1.
     first = np.ceil((pods["bound_at"].astype(float) - inputs.start) / step).clip(0, n)
@@ -166,25 +167,61 @@ def _pod_steps(inputs: HourInputs, n: int) -> pd.DataFrame:
 
 def _pod_figures(inputs: HourInputs, n: int) -> pd.DataFrame:
     """Per (namespace, pod, step): utilization sum and GPUs with a number, GPUs idle, memory."""
-    records: dict[tuple[str, str, int], list[float]] = {}
-    for (namespace, pod), series in inputs.utilization.items():
-        for t, count in series.counts.items():
-            k = _step(inputs, t)
-            if 0 <= k < n:
-                record = records.setdefault((namespace, pod, k), [0.0] * len(FIGURES))
-                record[0], record[1] = series.sums.get(t, 0.0), count
-                record[2] = series.idle.get(t, 0.0)
-    for (namespace, pod), memory in inputs.memory.items():
-        for t, gpus in memory.gpus.items():
-            k = _step(inputs, t)
-            if 0 <= k < n:
-                record = records.setdefault((namespace, pod, k), [0.0] * len(FIGURES))
-                record[3], record[4], record[5] = memory.used.get(t, 0.0), memory.total.get(t, 0.0), gpus
-    frame = pd.DataFrame(
-        [(*key, *values) for key, values in records.items()],
-        columns=["namespace", "name", "k", *FIGURES],
+    utilization = _long(
+        inputs,
+        n,
+        {key: series.counts for key, series in inputs.utilization.items()},
+        {
+            "util_sum": {key: series.sums for key, series in inputs.utilization.items()},
+            "idle_n": {key: series.idle for key, series in inputs.utilization.items()},
+        },
+        "util_n",
     )
-    return frame.astype({"k": int, **dict.fromkeys(FIGURES, float)})
+    memory = _long(
+        inputs,
+        n,
+        {key: memory.gpus for key, memory in inputs.memory.items()},
+        {
+            "mem_used": {key: memory.used for key, memory in inputs.memory.items()},
+            "mem_total": {key: memory.total for key, memory in inputs.memory.items()},
+        },
+        "mem_n",
+    )
+    keys = ["namespace", "name", "k"]
+    return utilization.merge(memory, on=keys, how="outer").fillna(dict.fromkeys(FIGURES, 0.0))
+
+
+def _long(
+    inputs: HourInputs,
+    n: int,
+    counts: Mapping[PodKey, Mapping[float, float]],
+    figures: Mapping[str, Mapping[PodKey, Mapping[float, float]]],
+    count_column: str,
+) -> pd.DataFrame:
+    """One row per pod and step at which `counts` has a value, with the other figures at that step
+    (0 where they have none); flattened with C-level list operations, not a loop per point."""
+    namespaces: list[str] = []
+    names: list[str] = []
+    times: list[float] = []
+    values: dict[str, list[float]] = {column: [] for column in (count_column, *figures)}
+    for key, by_time in counts.items():
+        steps = list(by_time)
+        namespaces.extend([key[0]] * len(steps))
+        names.extend([key[1]] * len(steps))
+        times.extend(steps)
+        values[count_column].extend(by_time.values())
+        for column, of_pod in figures.items():
+            values[column].extend(map(of_pod.get(key, {}).get, steps, repeat(0.0)))
+    k = np.rint((np.asarray(times, dtype=float) - inputs.start) / inputs.step_seconds).astype(int)
+    frame = pd.DataFrame(
+        {
+            "namespace": pd.Series(namespaces, dtype="str"),
+            "name": pd.Series(names, dtype="str"),
+            "k": k,
+            **values,
+        }
+    )
+    return frame[(frame["k"] >= 0) & (frame["k"] < n)].astype(dict.fromkeys(values, float))
 
 
 def _by_step(frame: pd.DataFrame, keys: list[str], replicas: bool = False) -> pd.DataFrame:
@@ -289,42 +326,59 @@ def _described(per_step: pd.DataFrame, n: int, keys: list[str], percentiles: Seq
 
 
 def _workload_rows(by_workload: pd.DataFrame, inputs: HourInputs, n: int) -> list[Row]:
-    rows = []
     step = inputs.step_seconds
-    described = {row["workload"]: row for row in _described(by_workload, n, ["workload"], tuple(PERCENTILES))}
-    for uid, steps in by_workload.groupby("workload"):
-        info = inputs.workloads[str(uid)]
-        held = steps[steps["replicas"] > 0]
-        memory = steps[steps["mem_n"] > 0]
-        used = memory["mem_used"] / memory["mem_n"] / MIB_PER_GIB
-        row = described[uid]
+    memory = by_workload[by_workload["mem_n"] > 0].assign(
+        used=lambda f: f["mem_used"] / f["mem_n"] / MIB_PER_GIB,
+        total=lambda f: f["mem_total"] / f["mem_n"] / MIB_PER_GIB,
+    )
+    groups = by_workload.groupby("workload")
+    figures = pd.DataFrame(
+        {
+            "total_sum": groups["u"].sum(),
+            "gpu_steps": groups["gpus"].sum(),
+            "idle_steps": groups["idle_n"].sum(),
+            "avg_replica_count": groups["replicas"].mean(),
+            "max_replica_count": groups["replicas"].max(),
+            "min_replica_count": groups["replicas"].min(),
+            "last_step": groups["k"].max(),
+        }
+    ).join(
+        memory.groupby("workload").agg(
+            avg_gpu_memory_used=("used", "mean"),
+            max_gpu_memory_used=("used", "max"),
+            avg_gpu_memory_total=("total", "mean"),
+        )
+    )
+    described = {r["workload"]: r for r in _described(by_workload, n, ["workload"], tuple(PERCENTILES))}
+    rows = []
+    for uid, row in figures.to_dict("index").items():
+        info, hour = inputs.workloads[str(uid)], described[uid]
         rows.append(
             {
                 "workload_uid": info.uid,
                 "namespace": info.namespace,
                 "workload_name": info.name,
                 "workload_type": info.kind,
-                "allocated_gpu_count": row["allocated_gpu_count"],
-                "requested_gpu_count": row["allocated_gpu_count"],
-                **{k: v for k, v in row.items() if k.endswith("_utilization")},
-                "avg_gpu_memory_used": _number(used.mean()) if not used.empty else None,
-                "max_gpu_memory_used": _number(used.max()) if not used.empty else None,
-                "avg_gpu_memory_total": _number((memory["mem_total"] / memory["mem_n"]).mean() / MIB_PER_GIB)
-                if not memory.empty
-                else None,
-                "avg_replica_count": float(held["replicas"].mean()),
-                "max_replica_count": int(held["replicas"].max()),
-                "min_replica_count": int(held["replicas"].min()),
+                "allocated_gpu_count": hour["allocated_gpu_count"],
+                "requested_gpu_count": hour["allocated_gpu_count"],
+                **{k: v for k, v in hour.items() if k.endswith("_utilization")},
+                **{
+                    k: _number(row[k])
+                    for k in ("avg_gpu_memory_used", "max_gpu_memory_used", "avg_gpu_memory_total")
+                },
+                "avg_replica_count": float(row["avg_replica_count"]),
+                "max_replica_count": int(row["max_replica_count"]),
+                "min_replica_count": int(row["min_replica_count"]),
                 # Still holding GPUs at the hour's last step, or not any more.
-                "workload_status": RUNNING if (steps["k"] == n - 1).any() else ENDED,
-                "sample_count": row["sample_count"],
+                "workload_status": RUNNING if row["last_step"] == n - 1 else ENDED,
+                "sample_count": hour["sample_count"],
                 "owner_uid": info.parent_uid,
                 "owner_name": "",
                 "labels": dict(info.labels),
                 "annotations": dict(info.annotations),
-                "total_sum": float(steps["u"].sum()),
-                "allocated_gpu_seconds": float(steps["gpus"].sum()) * step,
-                "idle_gpu_seconds": float(steps["idle_n"].sum()) * step,
+                "total_sum": float(row["total_sum"]),
+                "allocated_gpu_seconds": float(row["gpu_steps"]) * step,
+                "idle_gpu_seconds": float(row["idle_steps"]) * step,
             }
         )
     return sorted(rows, key=lambda r: r["workload_uid"])
@@ -346,53 +400,36 @@ def _snapshots(
     """The cluster's allocation every `snapshot_seconds`, with what each namespace (and its
     workloads), label and annotation value held then."""
     every = max(1, round(dimensions.snapshot_seconds / inputs.step_seconds))
+    taken = range(0, n, every)
     cluster = per_step.set_index("k")
-    workload_rows = by_workload.merge(
-        pd.DataFrame(
-            [(w.uid, w.namespace, w.name, w.kind) for w in inputs.workloads.values()],
-            columns=["workload", "w_namespace", "w_name", "w_kind"],
-        ),
-        on="workload",
-    )
-    rows = []
-    for k in range(0, n, every):
-        namespaces = {}
-        for row in by_namespace[by_namespace["k"] == k].to_dict("records"):
-            held = workload_rows[
-                (workload_rows["k"] == k) & (workload_rows["w_namespace"] == row["namespace"])
-            ]
-            namespaces[row["namespace"]] = {
-                **_held(row),
-                "workloads": [
-                    {
-                        "uid": w["workload"],
-                        "name": w["w_name"],
-                        "namespace": w["w_namespace"],
-                        "kind": w["w_kind"],
-                    }
-                    | _held(w, count=False)
-                    for w in held.to_dict("records")
-                ],
-            }
-        values: dict[str, dict[str, Any]] = {"label": {}, "annotation": {}}
-        for row in by_value[by_value["k"] == k].to_dict("records"):
-            values[row["dimension_type"]][f"{row['dimension_key']}:{row['dimension_value']}"] = _held(row)
-        rows.append(
-            {
-                "snapshot_time": inputs.start + k * inputs.step_seconds,
-                "dimension_type": "cluster",
-                "dimension_key": None,
-                "dimension_value": None,
-                "total_gpu_capacity": int(capacity.get(k, 0)),
-                "allocated_gpu_count": int(cluster["gpus"].get(k, 0)),
-                "allocation_details": {
-                    "namespaces": namespaces,
-                    "labels": values["label"],
-                    "annotations": values["annotation"],
-                },
-            }
+    workloads: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for w in by_workload[by_workload["k"].isin(taken)].to_dict("records"):
+        info = inputs.workloads[str(w["workload"])]
+        workloads.setdefault((w["k"], info.namespace), []).append(
+            {"uid": info.uid, "name": info.name, "namespace": info.namespace, "kind": info.kind}
+            | _held(w, count=False)
         )
-    return rows
+    details: dict[int, dict[str, dict[str, Any]]] = {
+        k: {"namespaces": {}, "labels": {}, "annotations": {}} for k in taken
+    }
+    for row in by_namespace[by_namespace["k"].isin(taken)].to_dict("records"):
+        held = workloads.get((row["k"], row["namespace"]), [])
+        details[row["k"]]["namespaces"][row["namespace"]] = _held(row) | {"workloads": held}
+    for row in by_value[by_value["k"].isin(taken)].to_dict("records"):
+        into = details[row["k"]]["labels" if row["dimension_type"] == "label" else "annotations"]
+        into[f"{row['dimension_key']}:{row['dimension_value']}"] = _held(row)
+    return [
+        {
+            "snapshot_time": inputs.start + k * inputs.step_seconds,
+            "dimension_type": "cluster",
+            "dimension_key": None,
+            "dimension_value": None,
+            "total_gpu_capacity": int(capacity.get(k, 0)),
+            "allocated_gpu_count": int(cluster["gpus"].get(k, 0)),
+            "allocation_details": details[k],
+        }
+        for k in taken
+    ]
 
 
 def _held(row: Mapping[str, Any], count: bool = True) -> dict[str, Any]:
