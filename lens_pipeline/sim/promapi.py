@@ -95,9 +95,9 @@ def _evaluate_steps(
             break
         key = history.state_key(t)
         # Between two changes the answer is the same (counters excepted: they move with time).
-        result = (
-            _evaluate(cluster, query, t) if moving else results.setdefault(key, _evaluate(cluster, query, t))
-        )
+        if moving or key not in results:
+            results[key] = _evaluate(cluster, query, t)
+        result = results[key]
         for labels, value in result:
             series.setdefault(tuple(sorted(labels.items())), []).append((t, value))
     return series
