@@ -259,7 +259,10 @@ def _demo(args: argparse.Namespace) -> int:
     print(
         f"[lens demo] generating {args.clusters} simulated clusters of {args.nodes} GPU nodes (seed {args.seed})"
     )
-    fleet = SimFleet.generate(clusters=args.clusters, nodes=args.nodes, seed=args.seed, vendor="mixed")
+    # Keeping history, its Prometheus answers for past hours: the hourly history has something to read.
+    fleet = SimFleet.generate(
+        clusters=args.clusters, nodes=args.nodes, seed=args.seed, vendor="mixed", history=True
+    )
     server = SimServer(fleet)
     server.start()
     registry = state / "clusters.yaml"
@@ -278,6 +281,8 @@ def _demo(args: argparse.Namespace) -> int:
         or f"sqlite:///{state / 'lens.db'}",
         settings.LENS_SAFE_DATABASE_URL: os.environ.get(settings.LENS_SAFE_DATABASE_URL)
         or f"sqlite:///{state / 'safe.db'}",
+        # A day of hours backfilled per new cluster, not a week: the demo's two cores stay on collection.
+        settings.LENS_HISTORY_BACKFILL_DAYS: os.environ.get(settings.LENS_HISTORY_BACKFILL_DAYS) or "1",
     }
     os.environ.update(env)
     _db_upgrade("both", "head")

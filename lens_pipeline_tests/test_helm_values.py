@@ -237,7 +237,14 @@ def test_the_daemon_settings_load_into_a_real_instance_as_the_chart_writes_them(
         assert instance.run_coordinator.get_run_queue_config().tag_concurrency_limits == limits
     keys = {limit["key"] for limit in limits}
     assert all(key.startswith("lens/") for key in keys)
-    assert keys == {run_tags.CODE_LOCATION_TAG, CLUSTER_TAG, BATCH_TAG, COLLECTION_TAG, CONTAINER_EVENTS_TAG}
+    assert keys == {
+        run_tags.CODE_LOCATION_TAG,
+        CLUSTER_TAG,
+        BATCH_TAG,
+        COLLECTION_TAG,
+        CONTAINER_EVENTS_TAG,
+        run_tags.HISTORY_TAG,
+    }
     demo = yaml.safe_load((DEPLOY.parent / "dagster.yaml").read_text())["concurrency"]["runs"]
     assert {limit["key"] for limit in demo["tag_concurrency_limits"]} == keys - {run_tags.CODE_LOCATION_TAG}
 

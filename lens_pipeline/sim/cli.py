@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="step every cluster's churn (pods, workloads, nodes, GPUs, NICs change) every SECONDS",
     )
     parser.add_argument(
+        "--history",
+        action="store_true",
+        help="record every change, so that Prometheus answers range queries over past hours as the "
+        "clusters were then (what the hourly history reads)",
+    )
+    parser.add_argument(
         "--tls",
         action="store_true",
         help="serve HTTPS from a fresh CA written into the kubeconfigs (kubectl sends tokens only over TLS)",
@@ -93,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pods=args.pods,
         continue_ttl=args.continue_ttl,
         dialect=args.dialect,
+        history=args.history,
     )
     generated = time.perf_counter() - started
     # The fleet lives until exit; frozen, the cyclic GC stops rescanning its millions of objects on
