@@ -195,8 +195,17 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
     _cluster_routes(app, ctx, metrics)
     _node_routes(app, ctx)
     _workload_routes(app, ctx)
+    app.include_router(_aggregation_router(ctx))
     app.add_middleware(_Instrumented, requests=requests, latency=latency)
     return app
+
+
+def _aggregation_router(ctx: _Routes) -> Any:
+    # `/v1/gpu-aggregation/*` (api/aggregation.py) uses this module's envelope and errors: imported
+    # once this module is whole.
+    from lens_pipeline.api.aggregation import aggregation_router
+
+    return aggregation_router(ctx)
 
 
 def _error_handlers(app: FastAPI, errors: Counter) -> None:
