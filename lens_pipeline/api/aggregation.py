@@ -4,7 +4,8 @@ range, each table's hourly rows paged and sorted, and the allocation snapshots.
 
 Times are RFC 3339 (`2026-11-25T14:00:00Z`); a range is `start_time` to `end_time`, both included,
 and at most a year (snapshots: a week). Every bad parameter is a 400 naming it, in the API's
-envelope; nothing is read unbounded: rows come a page at a time (`page_size` at most 1,000).
+envelope; nothing is read unbounded: rows come a page at a time (`page_size` at most 1,000;
+snapshots, which list every namespace's workloads, 100).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ ORDER = {"time": "stat_hour", "utilization": "avg_utilization", "allocated_gpu_c
 Time = Annotated[str | None, Query(description="RFC 3339, e.g. 2026-11-25T14:00:00Z")]
 PageNumber = Annotated[int, Query(ge=1, le=1_000_000, description="from 1")]
 PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
+# A snapshot lists every namespace's workloads: at the envelope hundreds of KiB each.
+DEFAULT_SNAPSHOT_PAGE_SIZE, MAX_SNAPSHOT_PAGE_SIZE = 12, 100
+SnapshotPageSize = Annotated[int, Query(ge=1, le=MAX_SNAPSHOT_PAGE_SIZE)]
 
 
 def time_range(
@@ -273,20 +277,20 @@ def aggregation_router(ctx: _Routes) -> APIRouter:
     @router.get(
         "/snapshots", summary="The cluster's allocation snapshots in the range (default: the last day)"
     )
-    def snapshots(start_time: Time = None, end_time: Time = None, cluster: str | None = None) -> Response:
+    def snapshots(
+        start_time: Time = None,
+        end_time: Time = None,
+        cluster: str | None = None,
+        page: PageNumber = 1,
+        page_size: SnapshotPageSize = DEFAULT_SNAPSHOT_PAGE_SIZE,
+    ) -> Response:
         now = datetime.now(UTC)
         start, end = time_range(
             start_time or _text(now - timedelta(days=1)), end_time or _text(now), MAX_SNAPSHOT_RANGE
         )
-        name = ctx.resolve(cluster)
-        t = gpu_allocation_snapshots
-        query = (
-            select(t)
-            .where(t.c.cluster_name == name, t.c.snapshot_time >= start, t.c.snapshot_time <= end)
-            .order_by(t.c.snapshot_time)
-        )
-        with ctx.engine.connect() as conn:
-            return envelope([_item(dict(r)) for r in conn.execute(query).mappings()])
+        t, name = gpu_allocation_snapshots, ctx.resolve(cluster)
+        where = [t.c.cluster_name == name, t.c.snapshot_time >= start, t.c.snapshot_time <= end]
+        return paged(t, name, where, ("snapshot_time", False), page, page_size)
 
     return router
 

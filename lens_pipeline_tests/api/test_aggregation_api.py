@@ -161,9 +161,10 @@ def test_snapshots(api):
     status, body = api.get(f"{A}/snapshots/latest", cluster=CLUSTER)
     assert status == 200 and body["data"]["snapshot_time"] == "2026-11-24T23:55:00Z"
     assert body["data"]["allocation_details"]["namespaces"]["web"]["allocatedGpu"] == 2
-    _, body = api.get(f"{A}/snapshots", **DAY)
-    assert len(body["data"]) == 23 * 12 + 1  # end_time is 23:00, included
-    assert api.get(f"{A}/snapshots", cluster=CLUSTER)[1]["data"] == []  # the last day: nothing yet
+    _, body = api.get(f"{A}/snapshots", **DAY, page=2, page_size=100)
+    assert body["data"]["total"] == 23 * 12 + 1  # end_time is 23:00, included
+    assert body["data"]["data"][0]["snapshot_time"] == "2026-11-24T08:20:00Z"  # the 101st, in order
+    assert api.get(f"{A}/snapshots", cluster=CLUSTER)[1]["data"]["total"] == 0  # the last day: none yet
 
 
 @pytest.mark.parametrize(
@@ -187,6 +188,7 @@ def test_snapshots(api):
         ("dimension-values", {"dimension_type": "label", "dimension_key": "a b"}, "dimension_key"),
         ("dimension-keys", {"dimension_type": None}, "dimension_type"),
         ("snapshots", {"start_time": "2026-11-01T00:00:00Z"}, "more than 7 days"),
+        ("snapshots", {"page_size": 101}, "page_size"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_parameter(api, path, params, named):
