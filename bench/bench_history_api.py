@@ -2,8 +2,8 @@
 package) from a second process, on `--hours` of hourly rows of a cluster of `--nodes` GPU nodes.
 
 One hour is aggregated by the pipeline's own code from `bench_history.synthetic_hour` (every GPU
-held, a workload per 3 nodes), then its rows are stored for every hour (times shifted) with the
-history's writer; `lens api` serves the database in a subprocess; wrk asks each route for the last
+held, a workload per 3 nodes), then its rows are stored for every hour (with its allocation
+snapshots) by the history's writer; `lens api` serves the database in a subprocess; wrk asks each route for the last
 24 hours, first page (20 rows), for `--seconds`.
 
     .venv/bin/python bench/bench_history_api.py [--nodes 5000] [--hours 72] [--connections 8]
@@ -30,7 +30,7 @@ from bench_history import synthetic_hour
 
 from lens_pipeline.collect.history import hour_tables
 from lens_pipeline.store.db import get_engine, write_transaction
-from lens_pipeline.store.hourly import HOURLY_TABLES, replace_hour
+from lens_pipeline.store.hourly import replace_hour_tables
 from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.schema import node
 
@@ -60,19 +60,10 @@ def fill(url: str, nodes: int, hours: int, last: datetime) -> int:
             node.insert().values(cluster_name=CLUSTER, name="n", gpu_count=8, created_at=now, updated_at=now)
         )
     for back in range(hours):
-        hour = last - timedelta(hours=back)
-        stamps = {"cluster_name": CLUSTER, "stat_hour": hour, "created_at": now, "updated_at": now}
-        rows = {
-            "cluster_gpu_hourly_stats": [stamps | tables.cluster],
-            "namespace_gpu_hourly_stats": [stamps | r for r in tables.namespaces],
-            "label_gpu_hourly_stats": [stamps | r for r in tables.labels],
-            "workload_gpu_hourly_stats": [stamps | r for r in tables.workloads],
-        }
         with write_transaction(engine) as conn:
-            for name, table_rows in rows.items():
-                written += replace_hour(
-                    conn, HOURLY_TABLES[name][0], CLUSTER, hour, hour + timedelta(hours=1), table_rows
-                )
+            written += sum(
+                replace_hour_tables(conn, CLUSTER, last - timedelta(hours=back), tables, now).values()
+            )
     return written
 
 

@@ -5,11 +5,12 @@ the hour's rows, replaced whole."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Table, and_, delete, or_, select
 
+from lens_pipeline.collect.history import HourTables
 from lens_pipeline.store.schema import (
     cluster_gpu_hourly_stats,
     gpu_allocation_snapshots,
@@ -48,9 +49,22 @@ def _held_between(cluster_name: str, start: datetime, end: datetime) -> Any:
     )
 
 
+def _same(table: Table, column: str, other: Table, other_column: str) -> Any:
+    """The join of two of the cluster's tables on one column (within the same cluster)."""
+    return and_(table.c.cluster_name == other.c.cluster_name, table.c[column] == other.c[other_column])
+
+
+# The pods' lives with their names, and the workloads that reference them.
+PODS = pod_resource.join(gpu_pods, _same(gpu_pods, "uid", pod_resource, "uid"))
+REFERENCED_PODS = workload_pod_reference.join(
+    PODS, _same(pod_resource, "uid", workload_pod_reference, "pod_uid")
+)
+
+
 def pods_holding(conn: Connection, cluster_name: str, start: datetime, end: datetime) -> list[Row]:
     """Every pod that held GPUs at some time in [start, end): uid, namespace, name, GPUs, bound_at,
     end_at, and `workload`, the uid of its top-level workload (None when it has none)."""
+    held = _held_between(cluster_name, start, end)
     pods = (
         select(
             pod_resource.c.uid,
@@ -60,38 +74,17 @@ def pods_holding(conn: Connection, cluster_name: str, start: datetime, end: date
             pod_resource.c.bound_at,
             pod_resource.c.end_at,
         )
-        .select_from(
-            pod_resource.join(
-                gpu_pods,
-                and_(
-                    gpu_pods.c.cluster_name == pod_resource.c.cluster_name,
-                    gpu_pods.c.uid == pod_resource.c.uid,
-                ),
-            )
-        )
-        .where(_held_between(cluster_name, start, end))
+        .select_from(PODS)
+        .where(held)
     )
     tops = (
         select(workload_pod_reference.c.pod_uid, workload_pod_reference.c.workload_uid)
         .select_from(
-            workload_pod_reference.join(
-                gpu_workload,
-                and_(
-                    gpu_workload.c.cluster_name == workload_pod_reference.c.cluster_name,
-                    gpu_workload.c.uid == workload_pod_reference.c.workload_uid,
-                ),
-            ).join(
-                pod_resource,
-                and_(
-                    pod_resource.c.cluster_name == workload_pod_reference.c.cluster_name,
-                    pod_resource.c.uid == workload_pod_reference.c.pod_uid,
-                ),
+            REFERENCED_PODS.join(
+                gpu_workload, _same(gpu_workload, "uid", workload_pod_reference, "workload_uid")
             )
         )
-        .where(
-            _held_between(cluster_name, start, end),
-            or_(gpu_workload.c.parent_uid.is_(None), gpu_workload.c.parent_uid == ""),
-        )
+        .where(held, or_(gpu_workload.c.parent_uid.is_(None), gpu_workload.c.parent_uid == ""))
     )
     top_of: dict[str, str] = {}
     for row in conn.execute(tops):
@@ -107,21 +100,7 @@ def pods_of_workloads_between(
     time in [start, end), through `workload_pod_reference`."""
     query = (
         select(workload_pod_reference.c.workload_uid, gpu_pods.c.namespace, gpu_pods.c.name)
-        .select_from(
-            workload_pod_reference.join(
-                pod_resource,
-                and_(
-                    pod_resource.c.cluster_name == workload_pod_reference.c.cluster_name,
-                    pod_resource.c.uid == workload_pod_reference.c.pod_uid,
-                ),
-            ).join(
-                gpu_pods,
-                and_(
-                    gpu_pods.c.cluster_name == pod_resource.c.cluster_name,
-                    gpu_pods.c.uid == pod_resource.c.uid,
-                ),
-            )
-        )
+        .select_from(REFERENCED_PODS)
         .where(_held_between(cluster_name, start, end))
     )
     pods: dict[str, list[Row]] = {}
@@ -143,6 +122,31 @@ def workloads_by_uid(conn: Connection, cluster_name: str, uids: Sequence[str]) -
         )
         out.update({row["uid"]: dict(row) for row in conn.execute(query).mappings()})
     return out
+
+
+def replace_hour_tables(
+    conn: Connection, cluster_name: str, hour: datetime, tables: HourTables, now: datetime
+) -> dict[str, int]:
+    """Every hourly table's rows of the (cluster, hour) become those `tables` computed: rows written
+    per table."""
+    stamps = {"cluster_name": cluster_name, "stat_hour": hour, "created_at": now, "updated_at": now}
+    rows = {
+        cluster_gpu_hourly_stats: [stamps | tables.cluster],
+        namespace_gpu_hourly_stats: [stamps | r for r in tables.namespaces],
+        label_gpu_hourly_stats: [stamps | r for r in tables.labels],
+        workload_gpu_hourly_stats: [stamps | r for r in tables.workloads],
+        gpu_allocation_snapshots: [
+            {"cluster_name": cluster_name, "created_at": now}
+            | r
+            | {"snapshot_time": datetime.fromtimestamp(r["snapshot_time"], UTC)}
+            for r in tables.snapshots
+        ],
+    }
+    end = hour + timedelta(hours=1)
+    return {
+        table.name: replace_hour(conn, table, cluster_name, hour, end, table_rows)
+        for table, table_rows in rows.items()
+    }
 
 
 def replace_hour(

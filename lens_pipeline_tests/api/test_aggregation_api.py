@@ -16,7 +16,7 @@ from lens_pipeline.api.app import create_app
 from lens_pipeline.collect.history import HeldPod, HourInputs, PodMemory, WorkloadInfo, hour_tables
 from lens_pipeline.collect.statistics import PodSeries
 from lens_pipeline.store.db import get_engine, write_transaction
-from lens_pipeline.store.hourly import HOURLY_TABLES, replace_hour
+from lens_pipeline.store.hourly import replace_hour_tables
 from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.schema import node
 from lens_pipeline_tests.api.test_api import TOKEN, Api, _free_port
@@ -80,24 +80,7 @@ def api(request, tmp_path_factory) -> Iterator[Api]:
         )
         for index in range(HOURS):
             hour = START + timedelta(hours=index)
-            tables = hour_tables(_hour(hour.timestamp(), index))
-            stamps = {"cluster_name": CLUSTER, "stat_hour": hour, "created_at": now, "updated_at": now}
-            rows = {
-                "cluster_gpu_hourly_stats": [stamps | tables.cluster],
-                "namespace_gpu_hourly_stats": [stamps | r for r in tables.namespaces],
-                "label_gpu_hourly_stats": [stamps | r for r in tables.labels],
-                "workload_gpu_hourly_stats": [stamps | r for r in tables.workloads],
-                "gpu_allocation_snapshots": [
-                    {"cluster_name": CLUSTER, "created_at": now}
-                    | r
-                    | {"snapshot_time": datetime.fromtimestamp(r["snapshot_time"], UTC)}
-                    for r in tables.snapshots
-                ],
-            }
-            for name, table_rows in rows.items():
-                replace_hour(
-                    conn, HOURLY_TABLES[name][0], CLUSTER, hour, hour + timedelta(hours=1), table_rows
-                )
+            replace_hour_tables(conn, CLUSTER, hour, hour_tables(_hour(hour.timestamp(), index)), now)
     port = _free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(engine, token=TOKEN), host="127.0.0.1", port=port, log_level="warning")

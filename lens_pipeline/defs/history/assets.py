@@ -60,7 +60,7 @@ from lens_pipeline.defs.resources import (
 )
 from lens_pipeline.prom.reader import PromReader
 from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.hourly import HOURLY_TABLES, pods_holding, replace_hour, workloads_by_uid
+from lens_pipeline.store.hourly import pods_holding, replace_hour_tables, workloads_by_uid
 from lens_pipeline.store.statistics import gpu_pod_names
 from lens_pipeline.vendors import VendorProfile
 
@@ -207,10 +207,6 @@ def hourly_history(
 def _failed(report: BatchReport, key: str, error: str) -> None:
     for asset in KEYS:
         report.failed(key, asset.path[-1], error)
-
-
-def _utc(t: float) -> datetime:
-    return datetime.fromtimestamp(t, UTC)
 
 
 def read_capacity(
@@ -363,20 +359,5 @@ def _plotted(value: float | None) -> float:
 
 def write_hour(turn: ClusterTurn, hour: datetime, tables: HourTables) -> dict[str, int]:
     """The hour's rows of every table, in one transaction: a failure leaves the hour as it was."""
-    name, now, end = turn.cluster.name, datetime.now(UTC), hour + timedelta(hours=1)
-    stamped = {"cluster_name": name, "stat_hour": hour, "created_at": now, "updated_at": now}
-    rows = {
-        CLUSTER: [{**stamped, **tables.cluster}],
-        NAMESPACE: [{**stamped, **r} for r in tables.namespaces],
-        LABEL: [{**stamped, **r} for r in tables.labels],
-        WORKLOAD: [{**stamped, **r} for r in tables.workloads],
-        SNAPSHOTS: [
-            {"cluster_name": name, "created_at": now, **r, "snapshot_time": _utc(r["snapshot_time"])}
-            for r in tables.snapshots
-        ],
-    }
     with write_transaction(turn.lens_db.engine()) as conn:
-        return {
-            table: replace_hour(conn, HOURLY_TABLES[table][0], name, hour, end, table_rows)
-            for table, table_rows in rows.items()
-        }
+        return replace_hour_tables(conn, turn.cluster.name, hour, tables, datetime.now(UTC))
