@@ -8,15 +8,14 @@ envelope; nothing is read unbounded: rows come a page at a time (`page_size` at 
 snapshots, which list every namespace's workloads, 100).
 """
 
-from __future__ import annotations
-
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from sqlalchemy import ColumnElement, Connection, Table, func, select
 
@@ -111,8 +110,22 @@ def equal_to(filters: Sequence[tuple[Any, str | None, str]]) -> list[ColumnEleme
     return [column == value for column, value, what in filters if _checked(value, what)]
 
 
-def aggregation_router(ctx: _Routes) -> APIRouter:
-    """The routes, sharing the API's database, token check and cluster resolution."""
+@dataclass(frozen=True)
+class HoursAsked:
+    """What every hourly-stats route is asked: whose hours, which, which page, in which order."""
+
+    cluster: str
+    start: datetime
+    end: datetime
+    page: int
+    page_size: int
+    order_by: str | None
+    order_direction: str | None
+
+
+def aggregation_router(ctx: "_Routes") -> APIRouter:
+    """The routes, sharing the API's database, token check and cluster resolution. (Annotations are
+    evaluated as the routes are made: FastAPI reads the closure's dependency from them.)"""
     router = APIRouter(prefix=PREFIX, dependencies=ctx.guarded, tags=["GPU aggregation"])
 
     def paged(
@@ -172,8 +185,7 @@ def aggregation_router(ctx: _Routes) -> APIRouter:
             known_key(conn, name, str(dimension_type), str(dimension_key))
             return envelope(distinct(conn, t.c.dimension_value, name, start, end, *same_key))
 
-    @router.get("/cluster/hourly-stats", summary="The cluster's GPU hours")
-    def cluster_hours(
+    def hours(
         start_time: Time = None,
         end_time: Time = None,
         cluster: str | None = None,
@@ -181,87 +193,57 @@ def aggregation_router(ctx: _Routes) -> APIRouter:
         page_size: PageSize = DEFAULT_PAGE_SIZE,
         order_by: str | None = None,
         order_direction: str | None = None,
-    ) -> Response:
-        order = ordering(order_by, order_direction, ("time", "utilization"))
+    ) -> HoursAsked:
         start, end = time_range(start_time, end_time)
-        name = ctx.resolve(cluster)
-        return paged(
-            cluster_gpu_hourly_stats,
-            name,
-            _in_range(cluster_gpu_hourly_stats, name, start, end),
-            order,
-            page,
-            page_size,
-        )
+        return HoursAsked(ctx.resolve(cluster), start, end, page, page_size, order_by, order_direction)
+
+    Asked = Annotated[HoursAsked, Depends(hours)]
+
+    def hourly(
+        table: Table, asked: HoursAsked, sorts: Sequence[str], *where: ColumnElement[bool]
+    ) -> Response:
+        order = ordering(asked.order_by, asked.order_direction, sorts)
+        conditions = [*_in_range(table, asked.cluster, asked.start, asked.end), *where]
+        return paged(table, asked.cluster, conditions, order, asked.page, asked.page_size)
+
+    @router.get("/cluster/hourly-stats", summary="The cluster's GPU hours")
+    def cluster_hours(asked: Asked) -> Response:
+        return hourly(cluster_gpu_hourly_stats, asked, ("time", "utilization"))
 
     @router.get("/namespaces/hourly-stats", summary="Each namespace's GPU hours (or one namespace's)")
-    def namespace_hours(
-        start_time: Time = None,
-        end_time: Time = None,
-        namespace: str | None = None,
-        cluster: str | None = None,
-        page: PageNumber = 1,
-        page_size: PageSize = DEFAULT_PAGE_SIZE,
-        order_by: str | None = None,
-        order_direction: str | None = None,
-    ) -> Response:
-        order = ordering(order_by, order_direction, ("time", "utilization"))
-        start, end = time_range(start_time, end_time)
-        t, name = namespace_gpu_hourly_stats, ctx.resolve(cluster)
-        where = _in_range(t, name, start, end) + equal_to([(t.c.namespace, namespace, "namespace")])
-        return paged(t, name, where, order, page, page_size)
+    def namespace_hours(asked: Asked, namespace: str | None = None) -> Response:
+        t = namespace_gpu_hourly_stats
+        return hourly(t, asked, ("time", "utilization"), *equal_to([(t.c.namespace, namespace, "namespace")]))
 
     @router.get("/labels/hourly-stats", summary="GPU hours of each value of a label or annotation key")
     def label_hours(
+        asked: Asked,
         dimension_type: str | None = None,
         dimension_key: str | None = None,
         dimension_value: str | None = None,
-        start_time: Time = None,
-        end_time: Time = None,
-        cluster: str | None = None,
-        page: PageNumber = 1,
-        page_size: PageSize = DEFAULT_PAGE_SIZE,
-        order_by: str | None = None,
-        order_direction: str | None = None,
     ) -> Response:
         dimension(dimension_type, dimension_key, required_key=True)
-        order = ordering(order_by, order_direction, tuple(ORDER))
-        start, end = time_range(start_time, end_time)
-        t, name = label_gpu_hourly_stats, ctx.resolve(cluster)
-        where = [
-            *_in_range(t, name, start, end),
-            t.c.dimension_type == dimension_type,
-            t.c.dimension_key == dimension_key,
-        ]
-        where += [t.c.dimension_value == value[:255] for value in (dimension_value,) if value]
+        t = label_gpu_hourly_stats
         with ctx.engine.connect() as conn:
-            known_key(conn, name, str(dimension_type), str(dimension_key))
-        return paged(t, name, where, order, page, page_size)
+            known_key(conn, asked.cluster, str(dimension_type), str(dimension_key))
+        where = [t.c.dimension_type == dimension_type, t.c.dimension_key == dimension_key]
+        where += [t.c.dimension_value == value[:255] for value in (dimension_value,) if value]
+        return hourly(t, asked, tuple(ORDER), *where)
 
     @router.get("/workloads/hourly-stats", summary="Each top-level workload's GPU hours")
     def workload_hours(
-        start_time: Time = None,
-        end_time: Time = None,
+        asked: Asked,
         namespace: str | None = None,
         workload_name: str | None = None,
         workload_type: str | None = None,
-        cluster: str | None = None,
-        page: PageNumber = 1,
-        page_size: PageSize = DEFAULT_PAGE_SIZE,
-        order_by: str | None = None,
-        order_direction: str | None = None,
     ) -> Response:
-        order = ordering(order_by, order_direction, tuple(ORDER))
-        start, end = time_range(start_time, end_time)
-        t, name = workload_gpu_hourly_stats, ctx.resolve(cluster)
-        where = _in_range(t, name, start, end) + equal_to(
-            [
-                (t.c.namespace, namespace, "namespace"),
-                (t.c.workload_name, workload_name, "workload_name"),
-                (t.c.workload_type, workload_type, "workload_type"),
-            ]
-        )
-        return paged(t, name, where, order, page, page_size)
+        t = workload_gpu_hourly_stats
+        filters = [
+            (t.c.namespace, namespace, "namespace"),
+            (t.c.workload_name, workload_name, "workload_name"),
+            (t.c.workload_type, workload_type, "workload_type"),
+        ]
+        return hourly(t, asked, tuple(ORDER), *equal_to(filters))
 
     @router.get("/snapshots/latest", summary="The cluster's newest allocation snapshot")
     def latest_snapshot(cluster: str | None = None) -> Response:
