@@ -138,7 +138,8 @@ def _check(result, name):
 
 def test_bad_prometheus_answers_are_counted_and_named_and_overwrite_nothing(sim, sqlite_url):
     """A GPU reported twice, a NaN utilization, series for a node that does not exist, series
-    without a GPU index, InfiniBand series naming no node: each counted and named in a failing
+    without a GPU index, InfiniBand series naming no node, a label holding NUL (a malformed sample,
+    skipped): each counted and named in a failing
     check, the other GPUs stored as the truth says, and no GPU row written for what names no node."""
     cluster, server, registry, instance = sim
     assert run(cluster, registry, instance, sqlite_url).success
@@ -158,10 +159,18 @@ def test_bad_prometheus_answers_are_counted_and_named_and_overwrite_nothing(sim,
         "node-exporter", "10.9.0.4:9100", [("node_infiniband_info", ib, 1.0)], node="ghost-ib"
     )
 
+    # A label holding NUL: no Prometheus answer should carry one, and no text column stores one.
+    nul = {**labels, "hostname": "nul\x00node", "gpu_id": "0"}
+    cluster.inject_series("nul-exporter", "10.9.0.5:5000", [(util, nul, 7.0)])
+
     result = run(cluster, registry, instance, sqlite_url)
     assert result.success
+    passed, meta = _check(result, "utilization_fresh")
+    assert not passed and meta["malformed_samples"] == 1 and "NUL" in meta["malformed_sample_examples"][0]
+    assert metadata(result, "gpu_nodes")["prometheus_malformed_samples"] == 1
     passed, meta = _check(result, "series_well_formed")
     assert not passed
+    assert meta["malformed_samples"] >= 1  # each device query that returns the series skips it
     assert meta["duplicated_gpus"] >= 1 and f"{node_name}/{labels['gpu_id']}" in meta["duplicates"]
     assert meta["nonfinite_values"] == 1 and meta["nonfinite"] == [f"{node_name}/1"]
     assert meta["series_without_gpu_index"] == 1 and meta["without_gpu_index"] == [f"{node_name}/(none)"]

@@ -22,7 +22,7 @@ from lens_pipeline.collect.overview import (
     overview_row,
     storage_figures,
 )
-from lens_pipeline.defs.collectors.common import ClusterTurn, check
+from lens_pipeline.defs.collectors.common import ClusterTurn, check, prometheus_check
 from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.storage_backends import storage_backends
@@ -94,7 +94,8 @@ def prometheus_figures(
     checks={
         "totals_match_node_table": "Total, healthy and faulty nodes add up to the cluster's `node` rows.",
         "every_healthy_node_in_one_bucket": "Fully idle + partially idle + busy = healthy nodes.",
-        "prometheus_fresh": "Prometheus answered this run (else its figures are the last stored ones).",
+        "prometheus_fresh": "Prometheus answered this run, every sample readable (else its figures are "
+        "the last stored ones; a malformed sample is skipped and counted).",
         "utilization_known": "The cluster's Prometheus has GPU utilization series (else it is NULL).",
         "storage_capacity_known": "Every JuiceFS volume has a capacity (a quota, or one in the registry); "
         "else the total and the usage percentage are NULL.",
@@ -110,6 +111,7 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
         previous = stored_overview(conn, cluster.name)
 
     prom = turn.prometheus_reader()
+    mark = turn.malformed_samples_mark()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     figures: dict[str, Any] | None = None
     uncapped: list[str] = []
@@ -155,7 +157,7 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
                 total_nodes=row["total_nodes"],
             ),
             check("every_healthy_node_in_one_bucket", buckets == row["healthy_nodes"], bucketed=buckets),
-            check("prometheus_fresh", prom_error is None, warn=True, error=prom_error or ""),
+            prometheus_check("prometheus_fresh", turn, mark, prom_error),
             check(
                 "utilization_known",
                 prom_error is not None or row["utilization"] is not None,

@@ -25,7 +25,7 @@ from lens_pipeline.collect.statistics import (
     window_bounds,
     workload_window,
 )
-from lens_pipeline.defs.collectors.common import ClusterTurn, check
+from lens_pipeline.defs.collectors.common import ClusterTurn, check, prometheus_check
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
@@ -92,7 +92,8 @@ def read_pod_now(prom: PromReader, profiles: Sequence[VendorProfile]) -> dict[Po
     checks={
         "utilization_within_bounds": "Every figure is a percentage between 0 and 100.",
         "idle_within_allocated": "No workload has more idle GPU-seconds than GPU-seconds held.",
-        "prometheus_fresh": "Prometheus answered this run.",
+        "prometheus_fresh": "Prometheus answered this run, every sample readable (a malformed one is "
+        "skipped and counted).",
         "utilization_names_known_pods": "Every pod the GPU utilization series name is a GPU pod of the "
         "cluster (else its GPUs are attributed to nobody).",
     },
@@ -114,6 +115,7 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
         cursor.timestamp() if cursor else None, now.timestamp(), config.first_window_seconds, resolution
     )
     prom = turn.prometheus_reader()
+    mark = turn.malformed_samples_mark()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     series: dict[PodKey, PodSeries] = {}
     current: dict[PodKey, tuple[float, float]] = {}
@@ -239,7 +241,7 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
         check_results=[
             check("utilization_within_bounds", figures_in_bounds),
             check("idle_within_allocated", not over_idle, over=over_idle[:50]),
-            check("prometheus_fresh", prom_error is None, warn=True, error=prom_error or ""),
+            prometheus_check("prometheus_fresh", turn, mark, prom_error),
             check(
                 "utilization_names_known_pods",
                 not strangers,
