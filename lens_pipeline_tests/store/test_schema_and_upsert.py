@@ -269,3 +269,63 @@ def test_a_url_without_a_driver_uses_the_installed_one(dialect):
     absent = "postgresql+psycopg://u@h/db" if dialect == "postgresql" else "mysql+mysqldb://u@h/db"
     with pytest.raises(ValueError, match="not installed"):
         get_engine(absent)
+
+
+def _hour_row(uid: str, hour: datetime, samples: int) -> dict:
+    figures = dict.fromkeys(
+        ("avg_utilization", "max_utilization", "min_utilization", "p50_utilization", "p90_utilization"), 1.0
+    )
+    return {
+        "cluster_name": "c1",
+        "workload_uid": uid,
+        "namespace": "n",
+        "workload_name": "w",
+        "workload_type": "Job",
+        "stat_hour": hour,
+        "allocated_gpu_count": 1.0,
+        **figures,
+        "p95_utilization": 1.0,
+        "total_sum": float(samples),
+        "allocated_gpu_seconds": 0.0,
+        "idle_gpu_seconds": 0.0,
+        "sample_count": samples,
+        "histogram": {},
+        "workload_status": "Running",
+        "created_at": T0,
+        "updated_at": T0,
+    }
+
+
+def test_a_time_of_whole_seconds_written_in_bulk_is_found_by_its_own_bound(lens_url):
+    """A bulk write stores a time as the dialect's queries compare it: on SQLite a whole hour was
+    stored without its fraction and `stat_hour >= hour` missed it, so each run overwrote the hour's
+    statistics instead of adding to them."""
+    from lens_pipeline.store.schema import workload_gpu_hourly_stats
+    from lens_pipeline.store.statistics import stored_hours
+
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    with write_transaction(engine) as conn:
+        bulk_upsert(conn, workload_gpu_hourly_stats, [_hour_row("u1", T0, 60)])
+    with engine.connect() as conn:
+        assert {k: r["sample_count"] for k, r in stored_hours(conn, "c1", T0).items()} == {("u1", T0): 60}
+
+
+def test_migration_gives_sqlite_times_their_fraction_and_drops_twins(tmp_path):
+    from lens_pipeline.store.schema import workload_gpu_hourly_stats
+
+    engine = get_engine(f"sqlite:///{tmp_path / 'lens.db'}")
+    upgrade(engine, "lens", "0008_lens")
+    old, new = "2026-11-01 12:00:00", "2026-11-01 12:00:00.000000"
+    with engine.begin() as conn:
+        conn.execute(workload_gpu_hourly_stats.insert(), [_hour_row("u1", T0, 60), _hour_row("u2", T0, 30)])
+        # As bulk writes stored them: both hours in the short form, and u2's once more in the long
+        # one (the same row written twice).
+        conn.exec_driver_sql(f"UPDATE workload_gpu_hourly_stats SET stat_hour = '{old}'")
+        conn.execute(workload_gpu_hourly_stats.insert(), [_hour_row("u2", T0, 31)])
+    upgrade(engine, "lens")
+    with engine.connect() as conn:
+        stored = conn.exec_driver_sql(
+            "SELECT workload_uid, stat_hour, sample_count FROM workload_gpu_hourly_stats ORDER BY workload_uid"
+        ).fetchall()
+    assert [tuple(r) for r in stored] == [("u1", new, 60), ("u2", new, 31)]
