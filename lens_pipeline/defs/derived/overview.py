@@ -20,13 +20,14 @@ from lens_pipeline.collect.overview import (
     juicefs_inode_capacity,
     juicefs_space_capacity,
     overview_row,
+    readable_nodes,
     storage_figures,
 )
 from lens_pipeline.defs.collectors.common import ClusterTurn, check, prometheus_check
 from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.storage_backends import storage_backends
-from lens_pipeline.defs.derived.common import cluster_view
+from lens_pipeline.defs.derived.common import ROWS_READABLE, cluster_view, rows_readable_check
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.overview import (
@@ -92,7 +93,9 @@ def prometheus_figures(
     deps=[gpu_nodes, gpu_devices, storage_backends],
     kinds=frozenset({"prometheus", "sql"}),
     checks={
-        "totals_match_node_table": "Total, healthy and faulty nodes add up to the cluster's `node` rows.",
+        **ROWS_READABLE,
+        "totals_match_node_table": "Total, healthy and faulty nodes add up to the cluster's readable "
+        "`node` rows.",
         "every_healthy_node_in_one_bucket": "Fully idle + partially idle + busy = healthy nodes.",
         "prometheus_fresh": "Prometheus answered this run, every sample readable (else its figures are "
         "the last stored ones; a malformed sample is skipped and counted).",
@@ -106,7 +109,7 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
     cluster = turn.cluster
     engine = turn.lens_db.engine()
     with engine.connect() as conn:
-        nodes = overview_nodes(conn, cluster.name)
+        nodes, malformed = readable_nodes(overview_nodes(conn, cluster.name))
         volumes = storage_volumes(conn, cluster.name, JUICEFS.kind)
         previous = stored_overview(conn, cluster.name)
 
@@ -153,9 +156,11 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
             check(
                 "totals_match_node_table",
                 row["total_nodes"] == len(nodes) == row["healthy_nodes"] + row["faulty_nodes"],
-                node_rows=len(nodes),
+                node_rows=len(nodes) + len(malformed),
+                malformed_node_rows=len(malformed),
                 total_nodes=row["total_nodes"],
             ),
+            rows_readable_check(turn, malformed),
             check("every_healthy_node_in_one_bucket", buckets == row["healthy_nodes"], bucketed=buckets),
             prometheus_check("prometheus_fresh", turn, mark, prom_error),
             check(
