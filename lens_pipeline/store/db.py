@@ -20,6 +20,8 @@ from urllib.parse import quote
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from lens_pipeline.store.write_behind import write_behind
 
@@ -43,6 +45,14 @@ JSON_CODEC = {"json_serializer": json_text, "json_deserializer": orjson.loads}
 _LOCK = threading.Lock()
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 SQLITE_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the database is away (down, unreachable, overloaded, locked, the connection
+    lost) rather than that the statement or its data is wrong: the first is worth waiting for."""
+    if isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeout):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 # A URL that names no driver gets the first of these that is installed: the drivers the package
