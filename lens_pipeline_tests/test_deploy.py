@@ -363,3 +363,22 @@ def test_the_rendered_workloads_meet_the_restricted_profile_and_probe_every_proc
     ]
     assert launcher["job_spec_config"]["ttl_seconds_after_finished"] == 600
     assert launcher["pod_spec_config"]["security_context"]["runAsNonRoot"] is True
+
+
+def test_retries_of_each_layer_come_from_the_one_table_and_do_not_stack():
+    """The step's RetryPolicy is built from lens_pipeline.retry; the production instance retries a
+    run only when its worker died (a failed step was already retried by its policy), as often as
+    retry.py says."""
+    from dagster import Backoff, Jitter
+
+    from lens_pipeline import retry
+    from lens_pipeline.defs.collectors.common import COLLECTOR_RETRY
+
+    assert (COLLECTOR_RETRY.max_retries, COLLECTOR_RETRY.delay) == (retry.OP_RETRIES, retry.OP_RETRY_DELAY)
+    assert (COLLECTOR_RETRY.backoff, COLLECTOR_RETRY.jitter) == (Backoff.EXPONENTIAL, Jitter.PLUS_MINUS)
+    run_retries = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())["run_retries"]
+    assert run_retries == {
+        "enabled": True,
+        "max_retries": retry.RUN_RETRIES,
+        "retry_on_asset_or_op_failure": False,
+    }

@@ -14,7 +14,7 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from lens_pipeline.retry import PROM_REQUEST
+from lens_pipeline.retry import PROM_REQUEST, PROM_RETRIES
 
 # How far back the metric and label names are looked up: recent enough that what was renamed or
 # removed is not seen, long enough for a few scrapes of a slow scrape interval.
@@ -57,7 +57,7 @@ class PromReader:
     cluster: str
     url: str
     timeout_seconds: float = 30.0
-    retries: int = 2
+    retries: int = PROM_RETRIES
     queries: int = 0
     # NaN or infinite samples dropped, by query (a check names them: a GPU is not idle for lack of a number).
     nonfinite: dict[str, int] = field(default_factory=dict)

@@ -41,9 +41,13 @@ from lens_pipeline.defs.resources import (
 )
 from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader
+from lens_pipeline.retry import OP_RETRIES, OP_RETRY_DELAY
 from lens_pipeline.vendors import Dialect, shipped_dialect
 
-COLLECTOR_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
+# The step's retries, from the one table of retries (lens_pipeline.retry).
+COLLECTOR_RETRY = RetryPolicy(
+    max_retries=OP_RETRIES, delay=OP_RETRY_DELAY, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS
+)
 MAX_LOGGED_PROBLEMS = 20
 
 
