@@ -190,6 +190,15 @@ def _check_text(name: str, value: str, max_bytes: int) -> None:
         raise Refused("malformed", f"{name} contains a NUL character")
 
 
+def metadata_node(value: object) -> str:
+    """The gRPC metadata `node_name` (the original agent's), held to an event's `node` limits: it
+    fills the `node` of every event of the stream that names none."""
+    if not isinstance(value, str):
+        raise Refused("malformed", "metadata node_name must be text")
+    _check_text("metadata node_name", value, MAX_NODE)
+    return value
+
+
 def _check_ids(event_type: str, container_id: str, node: str) -> None:
     if not container_id:
         raise Refused("missing_container_id", f"event {event_type!r} has no container_id")
