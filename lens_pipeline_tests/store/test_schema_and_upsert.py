@@ -329,3 +329,83 @@ def test_migration_gives_sqlite_times_their_fraction_and_drops_twins(tmp_path):
             "SELECT workload_uid, stat_hour, sample_count FROM workload_gpu_hourly_stats ORDER BY workload_uid"
         ).fetchall()
     assert [tuple(r) for r in stored] == [("u1", new, 60), ("u2", new, 31)]
+
+
+def test_migration_gives_pods_gone_before_bound_at_their_binding_time(lens_url):
+    """Pods that ended before migration 0007 get `bound_at` from their newest snapshot (PodScheduled,
+    else the start time), else their creation when their row names a node; one never scheduled keeps
+    NULL, and a live pod is left to the next `gpu_pods` run."""
+    from lens_pipeline.store.schema import gpu_pods, pod_resource, pod_snapshot
+
+    engine = get_engine(lens_url)
+    upgrade(engine, "lens", "0009_lens")
+    created, scheduled, started, ended = (T0 + timedelta(minutes=m) for m in (0, 5, 7, 60))
+
+    def pod(uid, node_name, end_at=ended):
+        return (
+            {
+                "cluster_name": "c1",
+                "uid": uid,
+                "gpu_model": "",
+                "gpu_allocated": 8,
+                "created_at": created,
+                "end_at": end_at,
+            },
+            {"cluster_name": "c1", "uid": uid, "namespace": "ml", "name": uid, "node_name": node_name},
+        )
+
+    def snapshot(uid, version, status, node_name="n1"):
+        return {
+            "cluster_name": "c1",
+            "pod_uid": uid,
+            "pod_name": uid,
+            "namespace": "ml",
+            "spec": {"nodeName": node_name},
+            "metadata": {},
+            "status": status,
+            "resource_version": version,
+        }
+
+    rfc = lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    pods = [
+        pod("scheduled", "n1"),
+        pod("started", "n1"),
+        pod("unknown", "n1"),
+        pod("never", ""),
+        pod("live", "n1", None),
+    ]
+    with write_transaction(engine) as conn:
+        conn.execute(pod_resource.insert(), [p for p, _ in pods])
+        conn.execute(gpu_pods.insert(), [g for _, g in pods])
+        conn.execute(
+            pod_snapshot.insert(),
+            [
+                snapshot("scheduled", 1, {"phase": "Pending"}, node_name=""),
+                snapshot(
+                    "scheduled",
+                    2,
+                    {
+                        "conditions": [
+                            {"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc(scheduled)}
+                        ],
+                        "startTime": rfc(started),
+                    },
+                ),
+                snapshot(
+                    "started",
+                    3,
+                    {"conditions": [{"type": "PodScheduled", "status": "False"}], "startTime": rfc(started)},
+                ),
+                snapshot("never", 4, {"phase": "Pending"}, node_name=""),
+            ],
+        )
+    upgrade(engine, "lens")
+    with engine.connect() as conn:
+        bound = dict(conn.execute(select(pod_resource.c.uid, pod_resource.c.bound_at)).all())
+    assert bound == {
+        "scheduled": scheduled,
+        "started": started,
+        "unknown": created,
+        "never": None,
+        "live": None,
+    }
