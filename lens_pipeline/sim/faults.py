@@ -86,35 +86,33 @@ def _node_missing_metadata(state: ClusterState, tag: str, rng: random.Random) ->
     return [("nodes", f"zz-unnamed-{tag}", {"apiVersion": "v1", "kind": "Node", "spec": {}, "status": {}})]
 
 
-def _node_capacity_not_a_number(state: ClusterState, tag: str, rng: random.Random) -> list[Injected]:
-    name = f"malformed-capacity-{tag}"
+def _ready_gpu_node(
+    state: ClusterState, name: str, rng: random.Random, capacity: dict, allocatable: dict
+) -> Injected:
+    """A Ready node with the vendor's product label and the given capacity and allocatable."""
     node = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "uid": new_uid(rng), "labels": {state.profile.product_label: "X"}},
         "status": {
-            "capacity": {state.resource: "eight", "cpu": "lots"},
-            "allocatable": {state.resource: 8.5},
+            "capacity": capacity,
+            "allocatable": allocatable,
             "conditions": [{"type": "Ready", "status": "True"}],
         },
     }
-    return [("nodes", name, node)]
+    return ("nodes", name, node)
+
+
+def _node_capacity_not_a_number(state: ClusterState, tag: str, rng: random.Random) -> list[Injected]:
+    capacity = {state.resource: "eight", "cpu": "lots"}
+    return [_ready_gpu_node(state, f"malformed-capacity-{tag}", rng, capacity, {state.resource: 8.5})]
 
 
 def _node_gpus_past_any_count(state: ClusterState, tag: str, rng: random.Random) -> list[Injected]:
     """A Ready GPU node advertising 10^20 GPUs: a valid quantity no integer column holds."""
-    name = f"malformed-huge-capacity-{tag}"
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "uid": new_uid(rng), "labels": {state.profile.product_label: "X"}},
-        "status": {
-            "capacity": {state.resource: "99999999999999999999", "cpu": "8"},
-            "allocatable": {state.resource: "99999999999999999999"},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-    return [("nodes", name, node)]
+    huge = "99999999999999999999"
+    capacity = {state.resource: huge, "cpu": "8"}
+    return [_ready_gpu_node(state, f"malformed-huge-capacity-{tag}", rng, capacity, {state.resource: huge})]
 
 
 def _node_no_status(state: ClusterState, tag: str, rng: random.Random) -> list[Injected]:
