@@ -137,7 +137,10 @@ def from_json(event: Any, origin: Origin, received_at: Any, max_bytes: int = DEF
     data = event["data"]
     if not isinstance(data, Mapping):
         raise Refused("malformed_data", f"data must be a JSON object, not {type(data).__name__}")
-    payload = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    try:
+        payload = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:  # an integer past 64 bits, from a caller that parsed it so
+        raise Refused("malformed_data", f"data cannot be stored as JSON: {exc}") from None
     if len(payload) > max_bytes:
         raise Refused(
             "oversized", f"event data of {len(payload)} bytes is over the limit of {max_bytes} bytes"
