@@ -12,6 +12,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lens_pipeline.collect.problems import MalformedObject, Problem
+from lens_pipeline.collect.stored import (
+    readable_rows,
+    stored_count,
+    stored_figure,
+    stored_mapping,
+    stored_text,
+)
+
 # Taints that keep new pods off a node: a node carrying one is out of service (PreferNoSchedule is not).
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
@@ -35,6 +44,27 @@ STORAGE_FIGURES = (
 )
 RDMA_FIGURES = ("rdma_total_tx", "rdma_total_rx")
 OVERVIEW_FIGURES = (*NODE_COUNTS, "allocation_rate", "utilization", *STORAGE_FIGURES, *RDMA_FIGURES)
+
+
+def overview_node(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored `node` row with the columns the overview reads, each checked (a malformed one names
+    its column, and the row is left out of the figures)."""
+    taints = stored_mapping(row, "taints").get("taints") or []
+    if not isinstance(taints, list):
+        raise MalformedObject("taints.taints should be a list")
+    return {
+        "name": stored_text(row, "name"),
+        "gpu_count": stored_count(row, "gpu_count"),
+        "gpu_allocation": stored_count(row, "gpu_allocation"),
+        "gpu_utilization": stored_figure(row, "gpu_utilization"),
+        "status": stored_text(row, "status"),
+        "taints": {"taints": taints},
+    }
+
+
+def readable_nodes(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """The rows the overview can read, and a problem naming each one it cannot."""
+    return readable_rows(rows, overview_node, "node", "name")
 
 
 def is_faulty(node: Mapping[str, Any]) -> bool:

@@ -359,7 +359,10 @@ def _driver_columns(
     (timestamps to UTC, JSON to text...); a column without one passes its values through untouched."""
     by_column = [[row[c] for row in rows] for c in columns]
     for column, values in zip(columns, by_column, strict=True):
-        process = table.c[column].type.bind_processor(dialect)
+        # The dialect's own type: a TypeDecorator's bind_processor alone applies only the generic
+        # type's (SQLite then got datetimes in another text form than its queries compare with).
+        column_type = table.c[column].type.dialect_impl(dialect)
+        process = column_type.bind_processor(dialect)
         if process is not None:
             _convert(values, process)
     return by_column

@@ -39,9 +39,11 @@ IDLE_BELOW = 5.0
 STATISTICS = {"step_seconds": 1, "idle_threshold_percent": IDLE_BELOW, "first_window_seconds": 60}
 
 
-def materialize_everything(registry, lens_url: str, safe_url: str, instance, **partitions):
-    """Every asset, for the cluster (`partition_key=`) or the range of clusters (`tags=`) given."""
+def materialize_everything(registry, lens_url: str, safe_url: str, instance, assets=None, **partitions):
+    """Every asset (or the named `assets`), for the cluster (`partition_key=`) or the range of
+    clusters (`tags=`) given."""
     return materialize_cluster(
+        assets,
         instance=instance,
         run_config=statistics_config(STATISTICS),
         resources={

@@ -269,3 +269,143 @@ def test_a_url_without_a_driver_uses_the_installed_one(dialect):
     absent = "postgresql+psycopg://u@h/db" if dialect == "postgresql" else "mysql+mysqldb://u@h/db"
     with pytest.raises(ValueError, match="not installed"):
         get_engine(absent)
+
+
+def _hour_row(uid: str, hour: datetime, samples: int) -> dict:
+    figures = dict.fromkeys(
+        ("avg_utilization", "max_utilization", "min_utilization", "p50_utilization", "p90_utilization"), 1.0
+    )
+    return {
+        "cluster_name": "c1",
+        "workload_uid": uid,
+        "namespace": "n",
+        "workload_name": "w",
+        "workload_type": "Job",
+        "stat_hour": hour,
+        "allocated_gpu_count": 1.0,
+        **figures,
+        "p95_utilization": 1.0,
+        "total_sum": float(samples),
+        "allocated_gpu_seconds": 0.0,
+        "idle_gpu_seconds": 0.0,
+        "sample_count": samples,
+        "histogram": {},
+        "workload_status": "Running",
+        "created_at": T0,
+        "updated_at": T0,
+    }
+
+
+def test_a_time_of_whole_seconds_written_in_bulk_is_found_by_its_own_bound(lens_url):
+    """A bulk write stores a time as the dialect's queries compare it: on SQLite a whole hour was
+    stored without its fraction and `stat_hour >= hour` missed it, so each run overwrote the hour's
+    statistics instead of adding to them."""
+    from lens_pipeline.store.schema import workload_gpu_hourly_stats
+    from lens_pipeline.store.statistics import stored_hours
+
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    with write_transaction(engine) as conn:
+        bulk_upsert(conn, workload_gpu_hourly_stats, [_hour_row("u1", T0, 60)])
+    with engine.connect() as conn:
+        assert {k: r["sample_count"] for k, r in stored_hours(conn, "c1", T0).items()} == {("u1", T0): 60}
+
+
+def test_migration_gives_sqlite_times_their_fraction_and_drops_twins(tmp_path):
+    from lens_pipeline.store.schema import workload_gpu_hourly_stats
+
+    engine = get_engine(f"sqlite:///{tmp_path / 'lens.db'}")
+    upgrade(engine, "lens", "0008_lens")
+    old, new = "2026-11-01 12:00:00", "2026-11-01 12:00:00.000000"
+    with engine.begin() as conn:
+        conn.execute(workload_gpu_hourly_stats.insert(), [_hour_row("u1", T0, 60), _hour_row("u2", T0, 30)])
+        # As bulk writes stored them: both hours in the short form, and u2's once more in the long
+        # one (the same row written twice).
+        conn.exec_driver_sql(f"UPDATE workload_gpu_hourly_stats SET stat_hour = '{old}'")
+        conn.execute(workload_gpu_hourly_stats.insert(), [_hour_row("u2", T0, 31)])
+    upgrade(engine, "lens")
+    with engine.connect() as conn:
+        stored = conn.exec_driver_sql(
+            "SELECT workload_uid, stat_hour, sample_count FROM workload_gpu_hourly_stats ORDER BY workload_uid"
+        ).fetchall()
+    assert [tuple(r) for r in stored] == [("u1", new, 60), ("u2", new, 31)]
+
+
+def test_migration_gives_pods_gone_before_bound_at_their_binding_time(lens_url):
+    """Pods that ended before migration 0007 get `bound_at` from their newest snapshot (PodScheduled,
+    else the start time), else their creation when their row names a node; one never scheduled keeps
+    NULL, and a live pod is left to the next `gpu_pods` run."""
+    from lens_pipeline.store.schema import gpu_pods, pod_resource, pod_snapshot
+
+    engine = get_engine(lens_url)
+    upgrade(engine, "lens", "0009_lens")
+    created, scheduled, started, ended = (T0 + timedelta(minutes=m) for m in (0, 5, 7, 60))
+
+    def pod(uid, node_name, end_at=ended):
+        return (
+            {
+                "cluster_name": "c1",
+                "uid": uid,
+                "gpu_model": "",
+                "gpu_allocated": 8,
+                "created_at": created,
+                "end_at": end_at,
+            },
+            {"cluster_name": "c1", "uid": uid, "namespace": "ml", "name": uid, "node_name": node_name},
+        )
+
+    def snapshot(uid, version, status, node_name="n1"):
+        return {
+            "cluster_name": "c1",
+            "pod_uid": uid,
+            "pod_name": uid,
+            "namespace": "ml",
+            "spec": {"nodeName": node_name},
+            "metadata": {},
+            "status": status,
+            "resource_version": version,
+        }
+
+    rfc = lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    pods = [
+        pod("scheduled", "n1"),
+        pod("started", "n1"),
+        pod("unknown", "n1"),
+        pod("never", ""),
+        pod("live", "n1", None),
+    ]
+    with write_transaction(engine) as conn:
+        conn.execute(pod_resource.insert(), [p for p, _ in pods])
+        conn.execute(gpu_pods.insert(), [g for _, g in pods])
+        conn.execute(
+            pod_snapshot.insert(),
+            [
+                snapshot("scheduled", 1, {"phase": "Pending"}, node_name=""),
+                snapshot(
+                    "scheduled",
+                    2,
+                    {
+                        "conditions": [
+                            {"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc(scheduled)}
+                        ],
+                        "startTime": rfc(started),
+                    },
+                ),
+                snapshot(
+                    "started",
+                    3,
+                    {"conditions": [{"type": "PodScheduled", "status": "False"}], "startTime": rfc(started)},
+                ),
+                snapshot("never", 4, {"phase": "Pending"}, node_name=""),
+            ],
+        )
+    upgrade(engine, "lens")
+    with engine.connect() as conn:
+        bound = dict(conn.execute(select(pod_resource.c.uid, pod_resource.c.bound_at)).all())
+    assert bound == {
+        "scheduled": scheduled,
+        "started": started,
+        "unknown": created,
+        "never": None,
+        "live": None,
+    }

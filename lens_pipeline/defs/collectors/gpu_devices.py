@@ -41,8 +41,8 @@ def device_queries(dialect: Dialect) -> list[str]:
         "devices_on_known_nodes": "Every GPU and InfiniBand series names a node of the cluster.",
         "every_gpu_node_has_devices": "Every Ready GPU node has exporter series for its GPUs.",
         "every_gpu_identified": "Every GPU has a serial number or UUID.",
-        "series_well_formed": "No GPU is reported twice, every series has a GPU index, and no value is "
-        "NaN or infinite.",
+        "series_well_formed": "No GPU is reported twice, every series has a GPU index, no value is "
+        "NaN or infinite, and every sample is readable (a malformed one is skipped and counted).",
     },
     prometheus_queries=lambda turn: device_queries(turn.dialect()),
 )
@@ -92,6 +92,8 @@ def gpu_devices(turn: ClusterTurn) -> MaterializeResult:
         turn.log.warning(f"{exc}; RDMA devices left as stored")
         nics = None
 
+    skipped, skipped_examples = prom.malformed_since(run.malformed_samples_mark)
+
     with write_transaction(turn.lens_db.engine()) as conn:
         written = write_devices(
             conn, run.cluster.name, gpus=gpus, nics=nics, now=datetime.now(UTC), keep_nodes=not_ready
@@ -137,8 +139,10 @@ def gpu_devices(turn: ClusterTurn) -> MaterializeResult:
             ),
             run.check(
                 "series_well_formed",
-                not duplicates and not nonfinite and not without_index,
+                not duplicates and not nonfinite and not without_index and not skipped,
                 warn=True,
+                malformed_samples=skipped,
+                malformed_sample_examples=skipped_examples[:20],
                 duplicated_gpus=len(duplicates),
                 duplicates=duplicates[:20],
                 nonfinite_values=len(nonfinite),

@@ -20,13 +20,14 @@ from lens_pipeline.collect.overview import (
     juicefs_inode_capacity,
     juicefs_space_capacity,
     overview_row,
+    readable_nodes,
     storage_figures,
 )
-from lens_pipeline.defs.collectors.common import ClusterTurn, check
+from lens_pipeline.defs.collectors.common import ClusterTurn, check, prometheus_check
 from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.storage_backends import storage_backends
-from lens_pipeline.defs.derived.common import cluster_view
+from lens_pipeline.defs.derived.common import ROWS_READABLE, cluster_view, rows_readable_check
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.overview import (
@@ -92,9 +93,12 @@ def prometheus_figures(
     deps=[gpu_nodes, gpu_devices, storage_backends],
     kinds=frozenset({"prometheus", "sql"}),
     checks={
-        "totals_match_node_table": "Total, healthy and faulty nodes add up to the cluster's `node` rows.",
+        **ROWS_READABLE,
+        "totals_match_node_table": "Total, healthy and faulty nodes add up to the cluster's readable "
+        "`node` rows.",
         "every_healthy_node_in_one_bucket": "Fully idle + partially idle + busy = healthy nodes.",
-        "prometheus_fresh": "Prometheus answered this run (else its figures are the last stored ones).",
+        "prometheus_fresh": "Prometheus answered this run, every sample readable (else its figures are "
+        "the last stored ones; a malformed sample is skipped and counted).",
         "utilization_known": "The cluster's Prometheus has GPU utilization series (else it is NULL).",
         "storage_capacity_known": "Every JuiceFS volume has a capacity (a quota, or one in the registry); "
         "else the total and the usage percentage are NULL.",
@@ -105,11 +109,12 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
     cluster = turn.cluster
     engine = turn.lens_db.engine()
     with engine.connect() as conn:
-        nodes = overview_nodes(conn, cluster.name)
+        nodes, malformed = readable_nodes(overview_nodes(conn, cluster.name))
         volumes = storage_volumes(conn, cluster.name, JUICEFS.kind)
         previous = stored_overview(conn, cluster.name)
 
     prom = turn.prometheus_reader()
+    mark = turn.malformed_samples_mark()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     figures: dict[str, Any] | None = None
     uncapped: list[str] = []
@@ -151,11 +156,13 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
             check(
                 "totals_match_node_table",
                 row["total_nodes"] == len(nodes) == row["healthy_nodes"] + row["faulty_nodes"],
-                node_rows=len(nodes),
+                node_rows=len(nodes) + len(malformed),
+                malformed_node_rows=len(malformed),
                 total_nodes=row["total_nodes"],
             ),
+            rows_readable_check(turn, malformed),
             check("every_healthy_node_in_one_bucket", buckets == row["healthy_nodes"], bucketed=buckets),
-            check("prometheus_fresh", prom_error is None, warn=True, error=prom_error or ""),
+            prometheus_check("prometheus_fresh", turn, mark, prom_error),
             check(
                 "utilization_known",
                 prom_error is not None or row["utilization"] is not None,
