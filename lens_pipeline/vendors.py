@@ -55,11 +55,16 @@ class VendorProfile:
     # The metric prefix this cluster's exporter was configured with ('' as shipped).
     metric_prefix: str = ""
 
+    def measured(self, selector: str) -> str:
+        """`selector`'s utilization series that hold a percentage: a GPU whose exporter reports NaN
+        (it could not read the counter) or a value outside 0-100 (a broken counter) is left out of
+        means, sums and counts rather than making them NaN, 0 or absurd. (NaN fails every
+        comparison; chained comparisons filter in turn.)"""
+        return f"{selector} >= 0 <= 100"
+
     @property
     def measured_util(self) -> str:
-        """The utilization series with a number in them: a GPU whose exporter reports NaN (it could
-        not read the counter) is left out of means and sums rather than making them NaN or 0."""
-        return f"{self.util_metric} >= 0"
+        return self.measured(self.util_metric)
 
     def node_utilization_query(self) -> str:
         """One grouped query for every node's mean GPU utilization (never one query per node)."""
@@ -93,10 +98,9 @@ class VendorProfile:
     def pod_utilization_queries(self, idle_below: float) -> tuple[str, str, str]:
         """Per pod (the exporters label a GPU with the pod holding it): the sum of its GPUs'
         utilization, their count, and how many of them are under `idle_below` percent."""
-        held = f'{self.util_metric}{{{self.pod_label}!=""}}'
+        held = self.measured(f'{self.util_metric}{{{self.pod_label}!=""}}')
         by = f"by ({self.namespace_label}, {self.pod_label})"
-        # `>= 0` and `<` both leave NaN (a GPU the exporter could not read) out.
-        return f"sum {by} ({held} >= 0)", f"count {by} ({held} >= 0)", f"count {by} ({held} < {idle_below:g})"
+        return f"sum {by} ({held})", f"count {by} ({held})", f"count {by} ({held} < {idle_below:g})"
 
     def driver_version(self, labels: Mapping[str, str]) -> str:
         """The driver version a node's labels give, in today's spelling or the older one."""

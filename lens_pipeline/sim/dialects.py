@@ -38,6 +38,7 @@ class ExporterDialect:
     legacy_gfd: bool = False  # NVIDIA nodes: cuda.driver.major/minor/rev, not driver-version.full
     juicefs_quota: bool = True  # False: volumes report JuiceFS's made-up capacity
     lowercase_hostname: bool = False  # dcgm-exporter's `hostname` instead of `Hostname`
+    missing_metrics: tuple[str, ...] = ()  # GPU exporter metrics (shipped names) it does not export
 
     @property
     def relabelled(self) -> bool:

@@ -9,7 +9,6 @@ scraping the same targets see the same series.
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -183,13 +182,15 @@ def _build(cluster: SimCluster) -> dict[Target, list[Sample]]:
         if cluster.node_status(node) != "Ready":
             continue  # the node's exporters run on it: down with it
         address = cluster.node_address(node)
-        gpu_target = Target(vendor.exporter_job, node, f"{address}:{vendor.exporter_port}")
-        product = cluster.gpu_product(node)
-        targets[gpu_target] = _gpu_samples(
-            vendor, product.memory_mib, product.reserved_mib, gpus_by_node.get(node, [])
-        )
-        nic_target = Target(NODE_EXPORTER_JOB, node, f"{address}:{NODE_EXPORTER_PORT}")
-        targets[nic_target] = _nic_samples(nics.get(node, []))
+        if cluster.exporter_running(node, vendor.exporter_job):  # a crash-looping one is no target
+            gpu_target = Target(vendor.exporter_job, node, f"{address}:{vendor.exporter_port}")
+            product = cluster.gpu_product(node)
+            targets[gpu_target] = _gpu_samples(
+                vendor, product.memory_mib, product.reserved_mib, gpus_by_node.get(node, [])
+            )
+        if cluster.exporter_running(node, NODE_EXPORTER_JOB):
+            nic_target = Target(NODE_EXPORTER_JOB, node, f"{address}:{NODE_EXPORTER_PORT}")
+            targets[nic_target] = _nic_samples(nics.get(node, []))
     targets[Target(JUICEFS_JOB, "", f"juicefs-csi-node:{JUICEFS_PORT}")] = _juicefs_samples(cluster)
     targets.update(cluster.injected_series())
     return targets
@@ -208,10 +209,13 @@ def exposed(cluster: SimCluster, target: Target, samples: list[Sample]) -> list[
     prefix = dialect.metric_prefix if vendor is AMD else ""
     rename_host = dialect.lowercase_hostname and vendor is not AMD
     empty = dict.fromkeys(vendor.workload_labels, "") if vendor is AMD else {}
-    if not (prefix or rename_host or empty):
+    missing = set(dialect.missing_metrics)
+    if not (prefix or rename_host or empty or missing):
         return samples
     out = []
     for metric, labels, value in samples:
+        if metric in missing:
+            continue
         if rename_host and vendor.node_label in labels:
             labels = {("hostname" if k == vendor.node_label else k): v for k, v in labels.items()}
         out.append(
@@ -242,7 +246,7 @@ def _gpu_samples(
         index = int(labels[_index_label(vendor)])
         busy = bool(labels.get("pod"))
         total = memory_mib
-        basis = util if math.isfinite(util) else 0.0  # a broken utilization breaks no other figure
+        basis = util if 0.0 <= util <= 100.0 else 0.0  # a broken utilization breaks no other figure
         used = _vram_used(total, basis, busy)
         reserved = reserved_mib
         samples.append((vendor.util_metric, labels, util))
@@ -440,7 +444,7 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
     traffic = [
         nic_traffic(nic)
         for node, nics in cluster.nics().items()
-        if cluster.node_status(node) == "Ready"
+        if cluster.node_status(node) == "Ready" and cluster.exporter_running(node, NODE_EXPORTER_JOB)
         for nic in nics
     ]
     return {

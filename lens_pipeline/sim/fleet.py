@@ -445,6 +445,23 @@ class SimCluster:
             for owner in sorted(owners - {""}):
                 controllers.refresh(owner, self.now())
 
+    def exporter_running(self, node: str, job: str) -> bool:
+        """Whether `node`'s exporter `job` runs (a NotReady node's does not answer either)."""
+        with self._lock:
+            return (node, job) not in self._state.exporters_down
+
+    def set_exporter_running(self, node: str, job: str, running: bool) -> None:
+        """An exporter (`job`: the GPU exporter's, or node_exporter's) of a Ready node crash-loops
+        (`running` False: its target answers no series) or recovers. The devices stay: only their
+        series are gone, so the truth leaves them out as it does a NotReady node's."""
+        with self._lock:
+            self._simulated_node(node)
+            if running:
+                self._state.exporters_down.discard((node, job))
+            else:
+                self._state.exporters_down.add((node, job))
+            self._state.changed()
+
     def set_gpu_utilization(self, node: str, gpu: int, value: float) -> None:
         """A GPU's utilization from now on (NaN or infinite too: what a broken exporter reports)."""
         with self._lock:

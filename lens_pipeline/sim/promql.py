@@ -205,9 +205,11 @@ class _Parser:
     def expr(self) -> Expr:
         inner = self.operand()
         token = self.peek()
-        if token is not None and (token[0] == "cmp" or token == ("op", "!=")):
+        # Comparisons with a number filter in turn, left to right (`x >= 0 <= 100`).
+        while token is not None and (token[0] == "cmp" or token == ("op", "!=")):
             self.position += 1
-            return Comparison(inner, token[1], float(self.take("number")))
+            inner = Comparison(inner, token[1], float(self.take("number")))
+            token = self.peek()
         return inner
 
     def operand(self) -> Expr:

@@ -33,7 +33,7 @@ def test_a_metric_prefix_is_found_from_the_utilization_metric():
     (amd,) = learn_dialect("amd", names, labels_of({"amd_gpu_gfx_activity": AMD_LABELS})).profiles
     assert amd.util_metric == "amd_gpu_gfx_activity" and amd.metric_prefix == "amd_"
     assert amd.device_metrics == {f: f"amd_{m}" for f, m in AMD.device_metrics.items()}
-    assert amd.node_utilization_query() == "avg by (hostname) (amd_gpu_gfx_activity >= 0)"
+    assert amd.node_utilization_query() == "avg by (hostname) (amd_gpu_gfx_activity >= 0 <= 100)"
 
 
 def test_honor_labels_false_moves_the_pod_to_exported_labels():

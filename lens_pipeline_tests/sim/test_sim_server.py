@@ -358,6 +358,7 @@ def test_promql_evaluator(query: str, expected: list[tuple[dict[str, str], float
             "m != 3",
             [({"__name__": "m", "node": "a", "gpu": "0"}, 1.0), ({"__name__": "m", "node": "b"}, 10.0)],
         ),
+        ("count(m >= 2 <= 5)", [({}, 1.0)]),  # chained: each comparison filters in turn
     ],
 )
 def test_promql_rates_and_comparisons(query: str, expected: list[tuple[dict[str, str], float]]) -> None:
