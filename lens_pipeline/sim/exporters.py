@@ -455,7 +455,7 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
         "partially_idle_nodes": sum(0 < n["gpu_allocation"] < n["gpu_count"] for n in healthy),
         "busy_nodes": sum(n["gpu_allocation"] >= n["gpu_count"] > 0 for n in healthy),
         "allocation_rate": 100.0 * allocated / capacity if capacity else 0.0,
-        "utilization": sum(samples) / len(samples) if samples else 0.0,
+        "utilization": sum(samples) / len(samples) if samples else None,
         "storage_total_space": space,
         "storage_used_space": used,
         "storage_usage_percentage": None if space is None else 100.0 * used / space if space else 0.0,
@@ -468,6 +468,7 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
         else 0.0,
         "storage_read_bandwidth": sum(v["read_bytes_per_second"] for v in volumes),
         "storage_write_bandwidth": sum(v["written_bytes_per_second"] for v in volumes),
-        "rdma_total_rx": sum(rx for rx, _ in traffic),
-        "rdma_total_tx": sum(tx for _, tx in traffic),
+        # No InfiniBand counter scraped: nothing to add up, so unknown (not 0).
+        "rdma_total_rx": sum(rx for rx, _ in traffic) if traffic else None,
+        "rdma_total_tx": sum(tx for _, tx in traffic) if traffic else None,
     }

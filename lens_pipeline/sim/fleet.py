@@ -217,12 +217,15 @@ class SimCluster:
 
     def gpu_utilization_samples(self) -> dict[str, list[float]]:
         """Per-GPU utilization of every node whose exporter is up (a NotReady node's is down);
-        a vanished GPU has no sample."""
+        a vanished GPU has no sample, nor has a broken counter (NaN, or outside 0-100: no
+        percentage at all)."""
         with self._lock:
             state = self._state
             return {
                 name: [
-                    value for value, present in zip(gpus.utilization, gpus.present, strict=True) if present
+                    value
+                    for value, present in zip(gpus.utilization, gpus.present, strict=True)
+                    if present and 0.0 <= value <= 100.0
                 ]
                 for name, gpus in state.gpus.items()
                 if state.exporter_up(name)

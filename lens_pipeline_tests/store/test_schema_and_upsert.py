@@ -6,13 +6,28 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from alembic import command
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
+from lens_pipeline.collect.overview import NODE_COUNTS
 from lens_pipeline.store.db import get_engine, write_transaction
-from lens_pipeline.store.migrate import current_revision, ensure_schema, head_revision, upgrade
-from lens_pipeline.store.schema import LENS_TABLES, SAFE_TABLES, logical_key, node, node_statistic
+from lens_pipeline.store.migrate import (
+    alembic_config,
+    current_revision,
+    ensure_schema,
+    head_revision,
+    upgrade,
+)
+from lens_pipeline.store.schema import (
+    LENS_TABLES,
+    SAFE_TABLES,
+    cluster_overview_cache,
+    logical_key,
+    node,
+    node_statistic,
+)
 from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
 from lens_pipeline_tests.conftest import _server_database
 
@@ -49,6 +64,63 @@ def test_migrations_create_every_table_with_its_unique_key(db_urls):
             assert logical_key(table) in uniques + unique_indexes, (name, uniques, unique_indexes)
             if database == "lens":
                 assert "cluster_name" in {c["name"] for c in inspector.get_columns(name)}
+
+
+UNKNOWABLE_SINCE_0009 = (
+    "storage_used_space",
+    "storage_used_inodes",
+    "storage_read_bandwidth",
+    "storage_write_bandwidth",
+    "rdma_total_tx",
+    "rdma_total_rx",
+)
+
+
+def test_overview_figures_that_may_be_unknown_become_nullable_keeping_stored_rows(lens_url):
+    """Migration 0009 on a database holding an overview row: the row keeps its figures, unknown
+    (NULL) can be stored after it, and going back turns NULL into the 0 the old columns required."""
+    engine = get_engine(lens_url)
+    upgrade(engine, "lens", "0008_lens")
+    old_row = {
+        "cluster_name": "c1",
+        **dict.fromkeys(
+            c.name for c in cluster_overview_cache.columns if c.name not in ("id", "cluster_name")
+        ),
+        **{figure: 0 for figure in NODE_COUNTS},
+        "allocation_rate": 50.0,
+        **{figure: 7.5 for figure in UNKNOWABLE_SINCE_0009},
+        "created_at": T0,
+        "updated_at": T0,
+    }
+    with write_transaction(engine) as conn:
+        conn.execute(cluster_overview_cache.insert(), [old_row])
+    upgrade(engine, "lens")
+    columns = {c["name"]: c for c in inspect(engine).get_columns("cluster_overview_cache")}
+    assert all(columns[figure]["nullable"] for figure in UNKNOWABLE_SINCE_0009)
+    assert not columns["allocation_rate"]["nullable"]
+    with write_transaction(engine) as conn:
+        conn.execute(
+            cluster_overview_cache.insert(),
+            [{**old_row, "cluster_name": "c2", **dict.fromkeys(UNKNOWABLE_SINCE_0009)}],
+        )
+    stored = {r["cluster_name"]: r for r in rows(engine, cluster_overview_cache)}
+    assert {f: stored["c1"][f] for f in UNKNOWABLE_SINCE_0009} == dict.fromkeys(UNKNOWABLE_SINCE_0009, 7.5)
+    assert {f: stored["c2"][f] for f in UNKNOWABLE_SINCE_0009} == dict.fromkeys(UNKNOWABLE_SINCE_0009)
+
+    with engine.connect() as connection:
+        config = alembic_config("lens")
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0008_lens")
+        connection.commit()
+    stored = {r["cluster_name"]: r for r in rows(engine, cluster_overview_cache)}
+    assert {f: stored["c2"][f] for f in UNKNOWABLE_SINCE_0009} == dict.fromkeys(UNKNOWABLE_SINCE_0009, 0)
+    upgrade(engine, "lens")
+    assert current_revision(engine, "lens") == head_revision("lens")
+
+
+def rows(engine, t) -> list[dict]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(select(t)).mappings()]
 
 
 def test_unique_key_is_enforced_by_the_database(lens_url):
