@@ -105,8 +105,8 @@ def gpu_device_rows(
 ) -> GpuSeries:
     """One row per GPU seen by the exporter on a node of the cluster. `identity` are the samples of
     `identity_query` (which carry utilization, NaN included), `figures` those of each
-    `figure_query`, `duplicates` the label sets of `duplicate_query`; a node's product label names
-    the model when the exporter does not."""
+    `figure_query`, `duplicates` the label sets of `duplicate_query`; `fallback_models` (node ->
+    product label) name the model when the exporter's market-name label does not."""
     identity = list(identity)
     by_figure: dict[str, dict[tuple[str, int], float]] = {}
     for figure, samples in figures.items():
@@ -148,13 +148,20 @@ def gpu_device_rows(
         rows[key] = {
             "node_name": key[0],
             "gpu_id": key[1],
-            "gpu_model": labels.get(profile.model_label) or fallback_models.get(key[0], ""),
+            "gpu_model": _model(labels, profile, fallback_models.get(key[0], "")),
             "memory": round(memory) if memory is not None else None,
             **{figure: value if plausible(figure, value) else None for figure, value in measured.items()},
             "serial": serial,
         }
     found.rows = [rows[k] for k in sorted(rows)]
     return found
+
+
+def _model(labels: Labels, profile: VendorProfile, node_product: str) -> str:
+    """The GPU's market name from the exporter; else the node's product label (the same name as the
+    vendor's labeller writes it); else another label naming the model (AMD's board part number)."""
+    fallbacks = (labels.get(label, "") for label in profile.model_label_fallbacks)
+    return labels.get(profile.model_label) or node_product or next((m for m in fallbacks if m), "")
 
 
 def nodes_without_gpu_series(gpu_nodes: Iterable[str], seen: Iterable[str]) -> list[str]:

@@ -14,7 +14,14 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lens_pipeline.sim.dialects import juicefs_made_up_inodes, juicefs_made_up_space
+from lens_pipeline.sim.dialects import (
+    AMD_DEFAULT_EXTRA_LABELS,
+    AMD_OPTIONAL_LABELS,
+    DCGM_OLD_NAMESPACE,
+    ExporterDialect,
+    juicefs_made_up_inodes,
+    juicefs_made_up_space,
+)
 from lens_pipeline.sim.generate import JUICEFS_VOLUMES
 from lens_pipeline.sim.vendors import AMD, SimVendor
 
@@ -200,36 +207,50 @@ def _gpu_metric_names(vendor: SimVendor) -> frozenset[str]:
     return frozenset({vendor.util_metric, *(AMD_FAMILIES if vendor is AMD else NVIDIA_FAMILIES)})
 
 
-def exposed(cluster: SimCluster, target: Target, samples: list[Sample]) -> list[Sample]:
-    """A target's samples as its exporter writes them in the cluster's dialect: AMD's metric prefix
-    and its mandatory workload labels (empty on a GPU nobody holds), dcgm-exporter's `hostname`."""
-    vendor, dialect = cluster.profile, cluster.dialect
+def exposed(
+    cluster: SimCluster, target: Target, samples: list[Sample], dialect: ExporterDialect | None = None
+) -> list[Sample]:
+    """A target's samples as its exporter writes them in the cluster's dialect (or `dialect`): AMD's
+    metric prefix, its mandatory labels (empty where there is nothing to say, as on a GPU nobody
+    holds) and, with its default label set, no optional ones; dcgm-exporter's `hostname`, its
+    `--use-old-namespace` labels; the metrics the exporter does not export left out."""
+    vendor, dialect = cluster.profile, dialect or cluster.dialect
     if target.job != vendor.exporter_job or samples[:1] == [("up", {}, 1.0)]:
         return samples
-    prefix = dialect.metric_prefix if vendor is AMD else ""
-    rename_host = dialect.lowercase_hostname and vendor is not AMD
-    empty = dict.fromkeys(vendor.workload_labels, "") if vendor is AMD else {}
+    amd = vendor is AMD
+    prefix = dialect.metric_prefix if amd else ""
+    renamed = {
+        **({vendor.node_label: "hostname"} if dialect.lowercase_hostname and not amd else {}),
+        **(DCGM_OLD_NAMESPACE if dialect.dcgm_old_namespace and not amd else {}),
+    }
+    # Labels the exporter always writes, with the value they have where nothing more is known.
+    always = dict.fromkeys(vendor.workload_labels, "") if amd else {}
+    dropped: tuple[str, ...] = ()
+    if amd and dialect.amd_default_labels:
+        always, dropped = {**always, **AMD_DEFAULT_EXTRA_LABELS}, AMD_OPTIONAL_LABELS
     missing = set(dialect.missing_metrics)
-    if not (prefix or rename_host or empty or missing):
+    if not (prefix or renamed or always or missing):
         return samples
     out = []
     for metric, labels, value in samples:
         if metric in missing:
             continue
-        if rename_host and vendor.node_label in labels:
-            labels = {("hostname" if k == vendor.node_label else k): v for k, v in labels.items()}
+        written = {renamed.get(k, k): v for k, v in labels.items() if k not in dropped}
         out.append(
-            (f"{prefix}{metric}", {**labels, **{k: v for k, v in empty.items() if k not in labels}}, value)
+            (f"{prefix}{metric}", {**written, **{k: v for k, v in always.items() if k not in written}}, value)
         )
     return out
 
 
-def target_labels(cluster: SimCluster, target: Target) -> dict[str, str]:
+def target_labels(
+    cluster: SimCluster, target: Target, dialect: ExporterDialect | None = None
+) -> dict[str, str]:
     """The labels a scrape config gives the target besides `job` and `instance`: the node it runs on
-    (unless the dialect's scrape config leaves it out), and under `honor_labels: false` the GPU
+    under the dialect's label (none: `instance` only), and under `honor_labels: false` the GPU
     exporter pod's own pod, namespace and container, as a ServiceMonitor does."""
-    labels = {"node": target.node} if target.node and cluster.dialect.node_label_on_targets else {}
-    if cluster.dialect.relabelled and target.job == cluster.profile.exporter_job:
+    dialect = dialect or cluster.dialect
+    labels = {dialect.node_target_label: target.node} if target.node and dialect.node_target_label else {}
+    if dialect.relabelled and target.job == cluster.profile.exporter_job:
         labels.update(cluster.exporter_pod(target.node))
     return labels
 

@@ -448,6 +448,15 @@ class SimCluster:
             for owner in sorted(owners - {""}):
                 controllers.refresh(owner, self.now())
 
+    def set_dialect(self, dialect: ExporterDialect) -> None:
+        """The cluster's exporters speak `dialect` from now on (an upgrade, a configuration change);
+        what they wrote before lingers in Prometheus' name lists for its lookback window. Node
+        labels already written (GPU feature discovery's) stay as they are."""
+        with self._lock:
+            self.dialect = replace(dialect, lingering=replace(self.dialect, lingering=None))
+            self._state.dialect = self.dialect
+            self._state.changed()
+
     def exporter_running(self, node: str, job: str) -> bool:
         """Whether `node`'s exporter `job` runs (a NotReady node's does not answer either)."""
         with self._lock:
