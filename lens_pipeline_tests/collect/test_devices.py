@@ -185,3 +185,15 @@ def test_nics_from_node_exporter_info():
         [({"instance": "10.0.0.2:9100", "device": "mlx5_0"}, 1.0)], by_instance, NODES
     )
     assert [r["node_name"] for r in rows] == ["n2"] and not unmatched
+
+
+def test_amd_default_labels_name_the_model_by_the_node_product_label_then_card_model():
+    """AMD's exporter by default has no `card_series` (the market name), only `card_model` (a board
+    part number): the node's product label names the model, `card_model` only without one."""
+    identity = [
+        ({"hostname": "n1", "gpu_id": "0", "serial_number": "S0", "card_model": "102-G30211-00"}, 1.0),
+        ({"hostname": "n2", "gpu_id": "0", "serial_number": "S1", "card_model": "102-G30211-00"}, 1.0),
+    ]
+    assert "card_model" in AMD.identity_query()
+    rows = gpu_device_rows(AMD, identity, {}, {"n1": "AMD_Instinct_MI300X_OAM"}, NODES).rows
+    assert [r["gpu_model"] for r in rows] == ["AMD_Instinct_MI300X_OAM", "102-G30211-00"]

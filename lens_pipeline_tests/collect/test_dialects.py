@@ -135,6 +135,27 @@ def test_dcgm_old_namespace_labels_and_missing_figures():
     assert dialect.missing == ("dcgm-exporter: no series for power",)
 
 
+def test_dcgm_old_namespace_under_honor_labels_false_reads_pod_name_not_the_exporters_pod():
+    """The target's `pod` (the exporter's own pod) beside dcgm-exporter's `pod_name`: no target
+    carries `pod_name`, so it names the workload, and nothing more needs asking."""
+    labels = {"hostname", "gpu", "uuid", "pod_name", "pod_namespace", "pod", "namespace", "container"}
+    asked: list[tuple[str, str]] = []
+
+    def pod_is_targets(metric: str, pod_label: str) -> bool:
+        asked.append((metric, pod_label))
+        return True
+
+    table = {"DCGM_FI_DEV_GPU_UTIL": labels}
+    dialect = learn_dialect(
+        "nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), pod_is_targets_of=pod_is_targets
+    )
+    assert (dialect.profiles[0].pod_label, dialect.profiles[0].namespace_label) == (
+        "pod_name",
+        "pod_namespace",
+    )
+    assert asked == []
+
+
 def test_mi200_figures_fall_back_to_their_own_metrics():
     names = {"gpu_gfx_activity", "gpu_edge_temperature", "gpu_average_package_power", "gpu_total_vram"}
     amd = learn_profile(AMD, names, AMD_LABELS)
