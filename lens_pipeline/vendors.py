@@ -185,6 +185,22 @@ NVIDIA = VendorProfile(
 )
 
 PROFILES: dict[str, VendorProfile] = {p.name: p for p in (AMD, NVIDIA)}
+
+
+def exporter_metric_names() -> frozenset[str]:
+    """Every GPU exporter metric a profile reads, by its shipped name (what the registry's
+    `metric_names` may rename)."""
+    return frozenset(
+        name
+        for p in PROFILES.values()
+        for name in (
+            p.util_metric,
+            *p.device_metrics.values(),
+            *(m for ms in p.figure_fallbacks.values() for m in ms),
+        )
+    )
+
+
 # Figures an exporter release may lack without anything being wrong: dcgm-exporter exports the
 # reserved framebuffer since 4.3.1-4.4.0 (before, memory is used + free, short of the reserve).
 OPTIONAL_FIGURES = frozenset({"vram_reserved"})

@@ -54,6 +54,7 @@ CONTROL_ACTIONS = frozenset(
         "set_gpu_utilization",
         "set_gpu_present",
         "set_nic_present",
+        "set_exporter_running",
         "add_taint",
         "remove_taint",
         "cordon",
