@@ -11,7 +11,7 @@ from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
-from lens_pipeline.collect.overview import NODE_COUNTS
+from lens_pipeline.collect.overview import NODE_COUNTS, RDMA_FIGURES, STORAGE_FIGURES
 from lens_pipeline.store.db import get_engine, write_transaction
 from lens_pipeline.store.migrate import (
     alembic_config,
@@ -66,54 +66,47 @@ def test_migrations_create_every_table_with_its_unique_key(db_urls):
                 assert "cluster_name" in {c["name"] for c in inspector.get_columns(name)}
 
 
-UNKNOWABLE_SINCE_0009 = (
-    "storage_used_space",
-    "storage_used_inodes",
-    "storage_read_bandwidth",
-    "storage_write_bandwidth",
-    "rdma_total_tx",
-    "rdma_total_rx",
-)
+def _nullable(engine, table: str) -> dict[str, bool]:
+    return {c["name"]: c["nullable"] for c in inspect(engine).get_columns(table)}
 
 
 def test_overview_figures_that_may_be_unknown_become_nullable_keeping_stored_rows(lens_url):
-    """Migration 0009 on a database holding an overview row: the row keeps its figures, unknown
-    (NULL) can be stored after it, and going back turns NULL into the 0 the old columns required."""
+    """Migration 0009 on a database holding an overview row: every column is then as nullable as the
+    model says, the row keeps its figures, unknown (NULL) can be stored after it, and going back
+    turns NULL into the 0 the old columns required."""
     engine = get_engine(lens_url)
     upgrade(engine, "lens", "0008_lens")
+    before = _nullable(engine, "cluster_overview_cache")
     old_row = {
         "cluster_name": "c1",
-        **dict.fromkeys(
-            c.name for c in cluster_overview_cache.columns if c.name not in ("id", "cluster_name")
-        ),
+        **{c.name: 7.5 for c in cluster_overview_cache.columns if c.name not in ("id", "cluster_name")},
         **{figure: 0 for figure in NODE_COUNTS},
-        "allocation_rate": 50.0,
-        **{figure: 7.5 for figure in UNKNOWABLE_SINCE_0009},
         "created_at": T0,
         "updated_at": T0,
     }
     with write_transaction(engine) as conn:
         conn.execute(cluster_overview_cache.insert(), [old_row])
     upgrade(engine, "lens")
-    columns = {c["name"]: c for c in inspect(engine).get_columns("cluster_overview_cache")}
-    assert all(columns[figure]["nullable"] for figure in UNKNOWABLE_SINCE_0009)
-    assert not columns["allocation_rate"]["nullable"]
+    after = _nullable(engine, "cluster_overview_cache")
+    assert after == {c.name: c.nullable for c in cluster_overview_cache.columns}
+    newly = sorted(name for name, nullable in after.items() if nullable and not before[name])
+    assert newly and set(newly) <= {*STORAGE_FIGURES, *RDMA_FIGURES}
     with write_transaction(engine) as conn:
         conn.execute(
-            cluster_overview_cache.insert(),
-            [{**old_row, "cluster_name": "c2", **dict.fromkeys(UNKNOWABLE_SINCE_0009)}],
+            cluster_overview_cache.insert(), [{**old_row, "cluster_name": "c2", **dict.fromkeys(newly)}]
         )
     stored = {r["cluster_name"]: r for r in rows(engine, cluster_overview_cache)}
-    assert {f: stored["c1"][f] for f in UNKNOWABLE_SINCE_0009} == dict.fromkeys(UNKNOWABLE_SINCE_0009, 7.5)
-    assert {f: stored["c2"][f] for f in UNKNOWABLE_SINCE_0009} == dict.fromkeys(UNKNOWABLE_SINCE_0009)
+    assert {f: stored["c1"][f] for f in newly} == dict.fromkeys(newly, 7.5)
+    assert {f: stored["c2"][f] for f in newly} == dict.fromkeys(newly)
 
     with engine.connect() as connection:
         config = alembic_config("lens")
         config.attributes["connection"] = connection
         command.downgrade(config, "0008_lens")
         connection.commit()
+    assert _nullable(engine, "cluster_overview_cache") == before
     stored = {r["cluster_name"]: r for r in rows(engine, cluster_overview_cache)}
-    assert {f: stored["c2"][f] for f in UNKNOWABLE_SINCE_0009} == dict.fromkeys(UNKNOWABLE_SINCE_0009, 0)
+    assert {f: stored["c2"][f] for f in newly} == dict.fromkeys(newly, 0)
     upgrade(engine, "lens")
     assert current_revision(engine, "lens") == head_revision("lens")
 
