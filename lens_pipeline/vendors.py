@@ -512,7 +512,9 @@ def learn_dialect(
     to_count = [
         s
         for p, util in found_utils
-        for s in _ambiguous(label_choices(p, labels[util]).values(), partial(label_selector, util))
+        for role, candidates in label_choices(p, labels[util]).items()
+        if not (role == "node" and overrides.node_label)
+        for s in _ambiguous([candidates], partial(label_selector, util))
     ]
     if not overrides.nic_node_label:
         to_count += _ambiguous(
