@@ -37,7 +37,8 @@ def write_devices(
     changelog row. What was not seen for want of series is left as stored, with no changelog row:
     the GPUs of `keep_gpus_of` (nodes not Ready, or whose exporter is silent: their series are
     missing, not their GPUs), the GPUs `keep_gpus` (reported by conflicting series) and the NICs of
-    `keep_nics_of`. `nics` None: the NIC metrics were not available this run.
+    `keep_nics_of`. `nics` None: the NIC metrics were not available this run. A GPU seen without a
+    serial keeps the stored one.
 
     Returns the sync results, the changelog rows, and the stored devices kept unseen
     (`kept_gpus`, `kept_nics`: (node, gpu index or NIC name) keys)."""
@@ -51,6 +52,7 @@ def write_devices(
             ).where(gpu_device.c.cluster_name == cluster_name)
         )
     }
+    gpus = _with_known_serials(gpus, stored_gpus)
     seen_gpus = {(r["node_name"], r["gpu_id"]): (r["gpu_model"] or "", r["serial"] or "") for r in gpus}
     kept_gpus = _kept(stored_gpus, seen_gpus, set(keep_gpus_of), set(keep_gpus))
     kept_nics: dict[Key, Device] = {}
@@ -108,3 +110,13 @@ def _kept(
 ) -> dict[Key, Device]:
     """The stored devices not seen this run that stay as they are: on one of `nodes`, or in `keys`."""
     return {k: v for k, v in stored.items() if k not in seen and (k[0] in nodes or k in keys)}
+
+
+def _with_known_serials(gpus: Sequence[Row], stored: Mapping[Key, Device]) -> list[Row]:
+    """A GPU whose series lost its serial (a label dropped, a VM guest) is no replaced card: it keeps
+    the serial stored for it."""
+    out = []
+    for row in gpus:
+        known = stored.get((row["node_name"], row["gpu_id"]), ("", ""))[1]
+        out.append({**row, "serial": known} if not row["serial"] and known else row)
+    return out

@@ -5,6 +5,7 @@ changelog records no device that did not change, and the checks name what they c
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -18,6 +19,9 @@ from lens_pipeline.sim.exporters import NODE_EXPORTER_JOB
 from lens_pipeline.sim.fleet import SimCluster, SimFleet
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
+from lens_pipeline.store.db import get_engine, write_transaction
+from lens_pipeline.store.devices import write_devices
+from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.schema import gpu_device, node, node_device_changelog, node_statistic, rdma_device
 from lens_pipeline_tests.defs.support import materialize_cluster
 from lens_pipeline_tests.defs.test_collectors_against_truth import table, truth
@@ -189,3 +193,35 @@ def test_a_figure_metric_missing_from_prometheus_fails_a_warning_naming_it(tmp_p
         assert meta["gpus_without_power"] == meta["gpus_without_memory"] == len(gpus) > 0
         assert meta["gpus_without_temperature"] == 0
         assert meta["without_power"][:2] == [f"{cluster.node_names()[0]}/0", f"{cluster.node_names()[0]}/1"]
+
+
+def test_a_gpu_seen_without_its_serial_keeps_the_stored_one(lens_url):
+    """The series of a stored GPU lose their serial label (a relabelling, a VM guest): its figures
+    are written, its serial stays, and the changelog records no replaced card."""
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    row = {
+        "node_name": "n1",
+        "gpu_id": 0,
+        "gpu_model": "NVIDIA H100 80GB HBM3",
+        "memory": 81559,
+        "utilization": 10.0,
+        "temperature": 40.0,
+        "power": 300.0,
+        "serial": "GPU-a",
+    }
+    first = datetime(2026, 11, 1, tzinfo=UTC)
+    with write_transaction(engine) as conn:
+        write_devices(conn, "c1", gpus=[row], nics=None, now=first)
+    with write_transaction(engine) as conn:
+        written = write_devices(
+            conn,
+            "c1",
+            gpus=[{**row, "serial": "", "utilization": 55.0}],
+            nics=None,
+            now=first + timedelta(minutes=1),
+        )
+    assert written["changes"] == []
+    (stored,) = table(lens_url, gpu_device, "c1")
+    assert (stored["serial"], stored["utilization"]) == ("GPU-a", 55.0)
+    assert [r["op"] for r in table(lens_url, node_device_changelog, "c1")] == ["CREATE"]
