@@ -1,10 +1,14 @@
-"""Benchmark: how many simulated clusters one machine keeps fresh at one-minute refresh.
+"""Benchmark: how many simulated clusters one machine keeps fresh at one-minute refresh, with
+everything a deployment runs.
 
-Starts `lens demo` (simulator, SQLite, `dagster dev` with its daemon and webserver) with
+Starts `lens demo` (simulator, SQLite, `dagster dev` with its daemon and webserver, the read API,
+the ingest sidecar and simulated node agents streaming every cluster's container events) with
 `--clusters` clusters of `--nodes` GPU nodes, lets it settle for one round, then for `--minutes`
 samples every 5 s: the staleness of every cluster's overview (now - `cluster_overview_cache.updated_at`),
-the CPU and memory of the daemon, the webserver, the code server and the runs, and at the end the
-growth of the Dagster instance and the Lens database per run.
+how long acknowledged container events waited for their rows (the commit of the watermark that
+passed them - their arrival in the log), the CPU and memory of each role, and at the end the runs
+(and failed runs) and the growth of the Dagster instance and the Lens database per run.
+`--no-agents` leaves the API, the sidecar and the agents out (the earlier figures).
 
     .venv/bin/python bench/bench_fleet.py --clusters 30 --nodes 100 --minutes 8
 """
@@ -33,6 +37,8 @@ ROLES = (
     # `dagster dev` launches each run in a spawned process.
     ("runs", ("execute_run", "execute_step", "multiprocessing.spawn")),
     ("code server", ("api grpc", "code-server", "grpc-health")),
+    ("lens api", ("SystemExit(main()) api",)),
+    ("lens ingest", ("SystemExit(main()) ingest",)),
 )
 
 
@@ -46,7 +52,7 @@ def role(process: psutil.Process) -> str:
             return name
     if "dagster dev" in command:
         return "dagster dev"
-    return "demo + simulator" if "lens" in command else "other"
+    return "demo: simulator + agents" if "lens" in command else "other"
 
 
 def free_port() -> int:
@@ -66,6 +72,52 @@ def staleness(lens_db: Path, clusters: int) -> list[float] | None:
         return None
     now = datetime.now(UTC)
     return [(now - datetime.fromisoformat(r[0]).replace(tzinfo=UTC)).total_seconds() for r in rows]
+
+
+class EventLatency:
+    """Seconds from an event's arrival in the log to the commit of the watermark that passed it, per
+    segment of events to process (the watermark commit is the rows' commit: one transaction)."""
+
+    def __init__(self, lens_db: Path) -> None:
+        self.lens_db, self.seconds = lens_db, []
+        self.watermarks = self._progress()
+
+    def _progress(self) -> dict[str, tuple[int, str]]:
+        try:
+            with sqlite3.connect(f"file:{self.lens_db}?mode=ro", uri=True, timeout=5) as conn:
+                rows = conn.execute(
+                    "SELECT cluster_name, last_log_id, updated_at FROM container_event_progress"
+                ).fetchall()
+        except sqlite3.Error:
+            return {}
+        return {cluster: (last, updated) for cluster, last, updated in rows}
+
+    def sample(self) -> None:
+        now = self._progress()
+        with sqlite3.connect(f"file:{self.lens_db}?mode=ro", uri=True, timeout=5) as conn:
+            for cluster, (last, updated) in now.items():
+                before = self.watermarks.get(cluster, (0, ""))[0]
+                if last <= before:
+                    continue
+                applied = _time(updated)
+                for (received,) in conn.execute(
+                    "SELECT received_at FROM container_event_segment WHERE cluster_name = ? AND id > ? "
+                    "AND id <= ? AND to_process > 0",
+                    (cluster, before, last),
+                ):
+                    self.seconds.append((applied - _time(received)).total_seconds())
+        self.watermarks = now
+
+    def pending(self) -> int:
+        with sqlite3.connect(f"file:{self.lens_db}?mode=ro", uri=True, timeout=5) as conn:
+            return conn.execute(
+                "SELECT count(*) FROM container_event_segment s LEFT JOIN container_event_progress p "
+                "ON p.cluster_name = s.cluster_name WHERE s.id > coalesce(p.last_log_id, 0) AND s.to_process > 0"
+            ).fetchone()[0]
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
 def tree_size(path: Path) -> int:
@@ -93,13 +145,17 @@ def main() -> int:
         default=None,
         help="healthy clusters per scheduled run ($LENS_CLUSTERS_PER_RUN; 1: one run per cluster)",
     )
+    parser.add_argument(
+        "--no-agents", action="store_true", help="no read API, no ingest sidecar, no node agents"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp)
         lens = Path(sys.executable).with_name("lens")
         command = [str(lens), "demo", "--clusters", str(args.clusters), "--nodes", str(args.nodes)]
-        command += ["--port", str(free_port()), "--api-port", "0", "--ingest-port", "0"]
+        sidecars = ("0", "0") if args.no_agents else (str(free_port()), str(free_port()))
+        command += ["--port", str(free_port()), "--api-port", sidecars[0], "--ingest-port", sidecars[1]]
         command += ["--state-dir", str(state), "--churn", "20"]
         started = time.monotonic()
         env = dict(os.environ)
@@ -122,6 +178,7 @@ def main() -> int:
             samples: list[float] = []
             cpu: dict[str, list[float]] = defaultdict(list)
             rss: dict[str, list[float]] = defaultdict(list)
+            events = EventLatency(lens_db)
             root = psutil.Process(demo.pid)
             known: dict[int, psutil.Process] = {}  # cpu_percent measures since the same object's last call
             others: set[str] = set()
@@ -129,6 +186,7 @@ def main() -> int:
             while time.monotonic() < deadline:
                 time.sleep(5)
                 samples += staleness(lens_db, args.clusters) or []
+                events.sample()
                 by_role_cpu: dict[str, float] = defaultdict(float)
                 by_role_rss: dict[str, float] = defaultdict(float)
                 for found in [root, *root.children(recursive=True)]:
@@ -147,6 +205,7 @@ def main() -> int:
             runs = _finished_runs(home) - runs_before
             durations, failed = _run_seconds(home, runs_before)
             grown, db_grown = tree_size(home) - size_before, _db_size(lens_db) - db_before
+            pending = events.pending()
         finally:
             os.killpg(demo.pid, signal.SIGINT)
             try:
@@ -155,11 +214,23 @@ def main() -> int:
                 os.killpg(demo.pid, signal.SIGKILL)
 
     load = os.getloadavg()
-    print(f"{args.clusters} clusters x {args.nodes} nodes, {args.minutes:g} min measured; load {load[0]:.1f}")
+    with_what = "no agents" if args.no_agents else "API, ingest and node agents on"
+    print(
+        f"{args.clusters} clusters x {args.nodes} nodes ({with_what}), {args.minutes:g} min measured; "
+        f"load {load[0]:.1f}"
+    )
     print(
         f"overview staleness over {len(samples)} samples: p50 {percentile(samples, 50):.0f} s, "
         f"p95 {percentile(samples, 95):.0f} s, max {max(samples):.0f} s"
     )
+    if events.seconds:
+        print(
+            f"container events, arrival to rows, over {len(events.seconds)} segments: p50 "
+            f"{percentile(events.seconds, 50):.1f} s, p95 {percentile(events.seconds, 95):.1f} s, "
+            f"max {max(events.seconds):.1f} s; segments still pending at the end {pending}"
+        )
+    elif not args.no_agents:
+        print(f"container events: none applied in the window; segments pending {pending}")
     for name in sorted(cpu):
         print(
             f"  {name:18s} CPU mean {statistics.mean(cpu[name]):5.0f} %  "

@@ -69,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     doctor.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
 
     args, rest = parser.parse_known_args(argv)
+    if args.command in ("sim", "demo") and (missing := _simulator_missing()):
+        print(
+            f"lens {args.command}: the simulator is not installed ({missing}): "
+            "pip install 'lens-pipeline[sim]' (from a checkout: pip install -e '.[sim]'); "
+            "the production image leaves it out",
+            file=sys.stderr,
+        )
+        return 2
     if args.command == "sim":
         from lens_pipeline.sim.cli import main as sim_main
 
@@ -204,6 +212,17 @@ def _api(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulator_missing() -> str | None:
+    """What `lens sim` and `lens demo` need that this installation lacks (the `sim` extra, or the
+    simulator itself in the production image), or None."""
+    from importlib.util import find_spec
+
+    for module in ("lens_pipeline.sim", "grpc_tools"):
+        if find_spec(module) is None:
+            return f"no module {module}"
+    return None
+
+
 def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
@@ -262,6 +281,10 @@ def _demo(args: argparse.Namespace) -> int:
     }
     os.environ.update(env)
     _db_upgrade("both", "head")
+    # `dagster dev` warns that `dg dev` supersedes it; `dg` needs a dg project layout this package
+    # does not have, and the warning is the only line a newcomer would read in dagster.log.
+    warnings = [w for w in (os.environ.get("PYTHONWARNINGS"), DAGSTER_DEV_SUPERSEDED) if w]
+    dev_env = {**env, "PYTHONWARNINGS": ",".join(warnings)}
     dagster = Path(sys.executable).with_name("dagster")
     command = [
         str(dagster) if dagster.exists() else "dagster",
@@ -280,7 +303,7 @@ def _demo(args: argparse.Namespace) -> int:
     # it is not used.
     process = subprocess.Popen(
         command,
-        env=env,
+        env=dev_env,
         cwd=home,
         start_new_session=True,
         stdout=_log(logs["dagster"]),
@@ -457,6 +480,10 @@ def _feed_agents(fleet: object, grpc_port: int, http_port: int, stopped: threadi
         except OSError:
             stopped.wait(0.5)
     feed_forever(fleet, f"127.0.0.1:{grpc_port}", 10.0, stopped)  # type: ignore[arg-type]
+
+
+# A -W filter: the action, then the start of the message (matched case-insensitively).
+DAGSTER_DEV_SUPERSEDED = "ignore:Function `dev_command` is superseded"
 
 
 def _stop_process_tree(process: subprocess.Popen) -> None:

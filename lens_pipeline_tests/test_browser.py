@@ -1,7 +1,9 @@
 """The Dagster UI of a running `lens demo`, driven in headless Chromium (Debian's chromium and
 chromedriver, Selenium from PyPI): the asset graph shows the collectors and their lineage to
-`cluster_overview_cache` and `safe_node_statistic`, and one cluster's partition of `gpu_nodes`
-materialized from the UI launches a run that succeeds.
+`cluster_overview_cache` and `safe_node_statistic`; one cluster's partition of `gpu_nodes`
+materialized from the UI launches a run that succeeds; a backfill over every cluster is cut into
+runs of `$LENS_CLUSTERS_PER_RUN` clusters and its page shows them; and a cluster that breaks
+inside a scheduled batch shows its partitions red while the batch's other cluster stays green.
 
 CI installs chromium and chromium-driver; there this test must not skip.
 """
@@ -18,15 +20,24 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lens_pipeline_tests.conftest import skip_unless
 
 pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 STARTUP_TIMEOUT = 180.0
+CLUSTERS, PER_RUN = 3, 2
+
+
+@dataclass(frozen=True)
+class Demo:
+    base: str
+    state: Path
 
 
 def _free_port() -> int:
@@ -35,10 +46,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def graphql(base: str, query: str) -> dict:
+def graphql(base: str, query: str, variables: dict | None = None) -> dict:
     request = urllib.request.Request(
         f"{base}/graphql",
-        data=json.dumps({"query": query}).encode(),
+        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -53,29 +64,30 @@ def _partitions(base: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> Iterator[str]:
+def demo(tmp_path_factory) -> Iterator[Demo]:
     skip_unless(bool(CHROMIUM and CHROMEDRIVER), "Debian's chromium and chromium-driver are not installed")
     pytest.importorskip("selenium", reason="selenium is in the test extras")
     port = _free_port()
     state = tmp_path_factory.mktemp("demo")
     lens = Path(sys.executable).with_name("lens")
-    command = [str(lens), "demo", "--clusters", "2", "--nodes", "8", "--port", str(port)]
+    command = [str(lens), "demo", "--clusters", str(CLUSTERS), "--nodes", "8", "--port", str(port)]
     command += ["--api-port", "0", "--ingest-port", "0", "--state-dir", str(state), "--churn", "0"]
     log = (state / "demo.log").open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    env = {**os.environ, "LENS_CLUSTERS_PER_RUN": str(PER_RUN)}
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while True:
             assert process.poll() is None, (state / "demo.log").read_text()[-3000:]
             try:
-                if len(_partitions(base)) == 2:  # the registry sensor added both clusters
+                if len(_partitions(base)) == CLUSTERS:  # the registry sensor added every cluster
                     break
             except (OSError, KeyError, TypeError, ValueError):
                 pass
             assert time.monotonic() < deadline, (state / "demo.log").read_text()[-3000:]
             time.sleep(2)
-        yield base
+        yield Demo(base, state)
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -153,19 +165,18 @@ class Page:
 
 def test_asset_graph_shows_the_lineage_from_the_collectors(demo, browser):
     page = Page(browser)
-    browser.get(f"{demo}/assets/cluster_overview_cache?view=lineage")
+    browser.get(f"{demo.base}/assets/cluster_overview_cache?view=lineage")
     page.wait_for_text("collectors", "cluster_views", "gpu_nodes", "gpu_devices", "storage_backends")
-    browser.get(f"{demo}/assets/safe_node_statistic?view=lineage")
+    browser.get(f"{demo.base}/assets/safe_node_statistic?view=lineage")
     page.wait_for_text("safe_node_statistic", "gpu_nodes")
-    browser.get(f"{demo}/assets/gpu_nodes?view=lineage")
+    browser.get(f"{demo.base}/assets/gpu_nodes?view=lineage")
     page.wait_for_text("Downstream", "cluster_overview_cache")
 
 
 def test_a_cluster_partition_materialized_from_the_ui_succeeds(demo, browser):
     page = Page(browser)
-    clusters = sorted(_partitions(demo))
-    chosen, other = clusters
-    browser.get(f"{demo}/assets/gpu_nodes")
+    chosen, *others = _partitions(demo.base)
+    browser.get(f"{demo.base}/assets/gpu_nodes")
     dialog = "//*[@role='dialog']"
     deadline = time.monotonic() + 90
     while not page.present(f"{dialog}//button[normalize-space(.)='Custom']"):
@@ -173,7 +184,8 @@ def test_a_cluster_partition_materialized_from_the_ui_succeeds(demo, browser):
         page.click("//button[starts-with(normalize-space(.), 'Materialize')]")
         time.sleep(1)
     page.click(f"{dialog}//button[normalize-space(.)='Custom']")
-    page.click(f"{dialog}//*[@data-tooltip='{other}']//*[@aria-label='close']/..")  # keep one cluster
+    for other in others:  # keep one cluster
+        page.click(f"{dialog}//*[@data-tooltip='{other}']//*[@aria-label='close']/..")
     page.wait_for_text("Launch 1 run")
     page.click(f"{dialog}//button[normalize-space(.)='Launch 1 run']")
     toast = page.wait_for_text("Launched run")
@@ -182,7 +194,7 @@ def test_a_cluster_partition_materialized_from_the_ui_succeeds(demo, browser):
     deadline = time.monotonic() + 240
     while True:
         runs = graphql(
-            demo,
+            demo.base,
             "{ runsOrError(limit: 100) { ... on Runs { results { runId status "
             "tags { key value } assetSelection { path } } } } }",
         )["runsOrError"]["results"]
@@ -194,5 +206,107 @@ def test_a_cluster_partition_materialized_from_the_ui_succeeds(demo, browser):
         assert run["status"] not in ("FAILURE", "CANCELED"), run
         assert time.monotonic() < deadline, f"run {run['runId']} still {run['status']}"
         time.sleep(2)
-    browser.get(f"{demo}/runs/{run['runId']}")
+    browser.get(f"{demo.base}/runs/{run['runId']}")
     page.wait_for_text("Success")
+
+
+RUNS = """{ runsOrError(limit: 200) { ... on Runs { results { runId status jobName creationTime
+  tags { key value } } } } }"""
+BACKFILL = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
+  ... on PartitionBackfill { status runs(limit: 50) { runId status tags { key value } } } } }"""
+LAUNCH = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
+  __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
+
+
+def _tags(run: dict) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in run["tags"]}
+
+
+def _covers(tags: dict[str, str], order: list[str]) -> list[str]:
+    if "dagster/partition" in tags:
+        return [tags["dagster/partition"]]
+    start, end = tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]
+    return order[order.index(start) : order.index(end) + 1]
+
+
+def _dots(page: Page, browser, base: str, asset: str, wanted: dict[str, str], timeout: float = 90) -> None:
+    """The asset's partitions view shows each partition's dot in the wanted colour (green, red)."""
+    browser.get(f"{base}/assets/{asset}?view=partitions")
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = {}
+        for name in wanted:
+            dots = browser.find_elements(
+                page.by.XPATH,
+                f"//*[@data-tooltip='{name}']/following-sibling::div[contains(@style, 'accent')]",
+            )
+            try:
+                seen[name] = dots[0].get_attribute("style") if dots else ""
+            except page.transient:
+                seen[name] = ""
+        if all(f"accent-{colour}" in seen[name] for name, colour in wanted.items()):
+            return
+        assert time.monotonic() < deadline, f"{asset}: wanted {wanted}, the dots are {seen}"
+        time.sleep(1)
+
+
+def test_a_backfill_over_every_cluster_is_cut_into_runs_the_backfill_page_shows(demo, browser):
+    order = _partitions(demo.base)
+    params = {"assetSelection": [{"path": ["gpu_nodes"]}], "partitionNames": order}
+    launched = graphql(demo.base, LAUNCH, {"params": params})["launchPartitionBackfill"]
+    assert launched["__typename"] == "LaunchBackfillSuccess", launched
+    backfill_id = launched["backfillId"]
+    deadline = time.monotonic() + 240
+    while True:
+        backfill = graphql(demo.base, BACKFILL, {"id": backfill_id})["partitionBackfillOrError"]
+        if backfill["status"] not in ("REQUESTED",):
+            break
+        assert time.monotonic() < deadline, backfill
+        time.sleep(2)
+    assert backfill["status"] == "COMPLETED_SUCCESS", backfill
+    covered = [_covers(_tags(run), order) for run in backfill["runs"]]
+    # Runs of at most $LENS_CLUSTERS_PER_RUN clusters, which together cover every cluster once.
+    assert all(len(c) <= PER_RUN for c in covered) and len(covered) == -(-len(order) // PER_RUN)
+    assert sorted(name for c in covered for name in c) == sorted(order)
+
+    page = Page(browser)
+    browser.get(f"{demo.base}/runs/b/{backfill_id}")
+    page.wait_for_text("gpu_nodes", "100% completed", "Partitions targeted")
+
+
+def test_a_cluster_broken_inside_a_batch_shows_red_and_the_batch_other_cluster_green(demo, browser):
+    order = _partitions(demo.base)
+    first, broken, alone = order  # the schedule's batches: (first, broken), (alone)
+    registry = demo.state / "clusters.yaml"
+    text = registry.read_text()
+    document = yaml.safe_load(text)
+    for entry in document["clusters"]:
+        if entry["name"] == broken:  # its API now refuses every connection
+            entry.clear()
+            entry.update(name=broken, server="http://127.0.0.1:9", token="x", request_timeout_seconds=2)
+    broken_at = time.time()
+    registry.write_text(yaml.safe_dump(document, sort_keys=False))
+    try:
+        deadline = time.monotonic() + 240
+        while True:  # the schedule's next batch over (first, broken) fails
+            runs = graphql(demo.base, RUNS)["runsOrError"]["results"]
+            batches = [
+                r
+                for r in runs
+                if r["jobName"] == "collect_cluster"
+                and float(r["creationTime"]) > broken_at
+                and r["status"] in ("SUCCESS", "FAILURE")
+                and _covers(_tags(r), order) == [first, broken]
+            ]
+            if batches:
+                break
+            assert time.monotonic() < deadline, "no scheduled batch over the broken cluster finished"
+            time.sleep(2)
+        assert batches[-1]["status"] == "FAILURE"
+
+        page = Page(browser)
+        for asset in ("gpu_nodes", "cluster_overview_cache"):  # the collector and an asset below it
+            _dots(page, browser, demo.base, asset, {first: "green", broken: "red", alone: "green"})
+        page.wait_for_text("Failed (1)")
+    finally:
+        registry.write_text(text)

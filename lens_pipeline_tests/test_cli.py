@@ -107,8 +107,10 @@ def test_lens_api_serves_the_database_of_the_environment(tmp_path):
 
 def test_dagster_asset_materialize_and_job_backfill_from_the_shell(tmp_path):
     """`dagster asset materialize` from the shell, on an instance that knows the partitions: the
-    collectors and views of one cluster partition, then of a range of clusters in one run; then
-    `dagster job backfill` of chosen clusters."""
+    collectors and views of one cluster partition; then `dagster job backfill` of chosen clusters.
+    (A range of clusters is a backfill: from the UI it is cut into runs of `$LENS_CLUSTERS_PER_RUN`
+    clusters, see test_browser.py; the CLI's `asset materialize --partition-range` needs a
+    single-run policy, which would let one run grow past run monitoring's limit.)"""
     from dagster import DagsterInstance
     from sqlalchemy import select
 
@@ -146,19 +148,6 @@ def test_dagster_asset_materialize_and_job_backfill_from_the_shell(tmp_path):
             rows = conn.execute(select(cluster_overview_cache.c.cluster_name)).all()
         assert [r[0] for r in rows] == [cluster]
 
-        # The others in one run: a single-run backfill over a range of cluster partitions.
-        result = subprocess.run(
-            [*command, "--partition-range", f"{names[1]}...{names[2]}"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        with DagsterInstance.from_config(str(home)) as instance:
-            runs = instance.get_runs()
-        assert len(runs) == 2 and runs[0].tags["dagster/asset_partition_range_end"] == names[2]
-
         # `dagster job backfill` of chosen clusters: one queued run per cluster, for the daemon.
         backfill = [
             str(dagster),
@@ -176,9 +165,6 @@ def test_dagster_asset_materialize_and_job_backfill_from_the_shell(tmp_path):
             queued = [r for r in instance.get_runs() if "dagster/backfill" in r.tags]
         assert sorted(r.tags["dagster/partition"] for r in queued) == [names[0], names[2]]
         assert {r.job_name for r in queued} == {"collect_cluster"}
-    with get_engine(lens_url).connect() as conn:
-        rows = conn.execute(select(cluster_overview_cache.c.cluster_name)).all()
-    assert sorted(r[0] for r in rows) == sorted(names)
 
 
 def test_the_demo_finds_its_instance_in_the_package_not_the_checkout():
@@ -192,3 +178,20 @@ def test_the_demo_finds_its_instance_in_the_package_not_the_checkout():
         assert packaged.is_file() and cli.INSTANCE_DIR.is_relative_to(Path(cli.__file__).resolve().parent)
         assert (root / name).resolve() == packaged.resolve()
     assert "REPO_ROOT" not in Path(cli.__file__).read_text()
+
+
+def test_the_demo_and_the_simulator_say_which_extra_they_need_when_it_is_missing(monkeypatch, capsys):
+    """The production image has no simulator and no grpcio-tools (the `sim` extra): `lens demo` and
+    `lens sim` say how to get them instead of failing on an import."""
+    import importlib.util
+
+    from lens_pipeline import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "grpc_tools" else real(name, *a)
+    )
+    for command in ("demo", "sim"):
+        assert cli.main([command]) == 2
+        error = capsys.readouterr().err
+        assert "no module grpc_tools" in error and "pip install 'lens-pipeline[sim]'" in error

@@ -14,8 +14,9 @@ import hmac
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
@@ -34,6 +35,7 @@ from lens_pipeline.api import queries
 from lens_pipeline.api.queries import NODE_ORDER, WORKLOAD_ORDER, Page
 from lens_pipeline.collect.overview import api_overview
 from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.event_log import Backlog
 from lens_pipeline.store.migrate import ensure_schema
 
 STATUS_COLOR = {"Ready": "green", "NotReady": "red", "Unknown": "yellow"}
@@ -163,12 +165,18 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
     metrics.register(_FleetCollector(engine))
     app.add_middleware(QueryGuard)
 
+    # Several tokens, comma-separated, are all accepted: a rotation adds the new one, moves the
+    # clients, then drops the old one (docs/OPERATIONS.md).
+    accepted = [t.strip().encode() for t in (token or "").split(",") if t.strip()]
+
     async def authorize(request: Request) -> None:
-        if token is None:
+        if not accepted:
             return
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+        # Compared with every token in constant time: which one matched must not leak by timing.
+        matches = [hmac.compare_digest(given.encode(), expected) for expected in accepted]
+        if scheme.lower() != "bearer" or not any(matches):
             raise ApiError(401, "missing or wrong bearer token")
 
     def resolve(cluster: str | None) -> str:
@@ -506,7 +514,13 @@ class _FleetCollector:
         self.engine = engine
 
     def collect(self) -> Any:
-        rates, consumers, quarantined, freshness = queries.metrics_rows(self.engine)
+        read = queries.metrics_rows(self.engine)
+        rates, consumers, quarantined, freshness = (
+            read.rates,
+            read.consumers,
+            read.quarantined,
+            read.freshness,
+        )
         collected = GaugeMetricFamily(
             "lens_cluster_last_collected_timestamp_seconds",
             "When each asset of each cluster was last materialized (unix seconds): alert on time() minus this",
@@ -523,6 +537,7 @@ class _FleetCollector:
         for row in quarantined:
             letters.add_metric([row["cluster_name"], row["stage"]], float(row["events"]))
         yield letters
+        yield from _ingest_lag(read.backlog)
         rate = GaugeMetricFamily(
             "gpu_allocation_rate", "Allocated GPUs of healthy GPU nodes, percent (0-100)", labels=["cluster"]
         )
@@ -531,11 +546,19 @@ class _FleetCollector:
             "Allocated GPUs of healthy GPU nodes, as a ratio (0-1, the base unit)",
             labels=["cluster"],
         )
+        utilization = GaugeMetricFamily(
+            "lens_gpu_utilization_ratio",
+            "Mean utilization of the cluster's GPUs, as a ratio (0-1); no series while it is unknown",
+            labels=["cluster"],
+        )
         for row in rates:
             rate.add_metric([row["cluster_name"]], row["allocation_rate"])
             ratio.add_metric([row["cluster_name"]], row["allocation_rate"] / 100.0)
+            if row["utilization"] is not None:
+                utilization.add_metric([row["cluster_name"]], float(row["utilization"]) / 100.0)
         yield rate
         yield ratio
+        yield utilization
         labels = ["cluster", "kind", "name", "namespace", "uid"]
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "gpu_utilization": GaugeMetricFamily(
@@ -565,6 +588,28 @@ class _FleetCollector:
             usage_ratio.add_metric(values, float(row["gpu_utilization"]) / 100.0)
         yield from families.values()
         yield usage_ratio
+
+
+def _ingest_lag(waiting: list[Backlog]) -> Iterator[GaugeMetricFamily]:
+    """Per cluster: the container events logged but not applied yet, and for how long the oldest
+    has waited (0 when caught up): ingest works but container_events does not keep up, or stopped."""
+    events = GaugeMetricFamily(
+        "lens_container_events_unprocessed",
+        "Container events in the ingest log that need processing and are not applied yet",
+        labels=["cluster"],
+    )
+    lag = GaugeMetricFamily(
+        "lens_container_events_lag_seconds",
+        "How long the oldest container event not applied yet has waited in the ingest log (0: caught up)",
+        labels=["cluster"],
+    )
+    now = datetime.now(UTC)
+    for item in waiting:
+        events.add_metric([item.cluster], float(item.events))
+        waited = (now - item.oldest_received_at).total_seconds() if item.oldest_received_at else 0.0
+        lag.add_metric([item.cluster], max(waited, 0.0))
+    yield events
+    yield lag
 
 
 def app_from_environment() -> FastAPI:

@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
 
 from lens_pipeline.collect.overview import OVERVIEW_FIGURES, overview_row, weighted_utilization
+from lens_pipeline.store.event_log import Backlog, backlog
 from lens_pipeline.store.overview import overview_nodes
 from lens_pipeline.store.schema import (
     asset_freshness,
@@ -342,13 +343,30 @@ def workload_tree(conn: Connection, cluster: str, uid: str) -> Row | None:
     return build(root, frozenset({uid}))
 
 
-def metrics_rows(engine: Engine) -> tuple[list[Row], list[Row], list[Row], list[Row]]:
-    """Every cluster's allocation rate, every consumer, the quarantined container events per
-    cluster and stage, and when each asset of each cluster was last materialized, for `/metrics`."""
+@dataclass(frozen=True)
+class MetricsRows:
+    """What `/metrics` reads from the database at each scrape."""
+
+    rates: list[Row]
+    consumers: list[Row]
+    quarantined: list[Row]
+    freshness: list[Row]
+    backlog: list[Backlog]
+
+
+def metrics_rows(engine: Engine) -> MetricsRows:
+    """Every cluster's allocation rate and utilization, every consumer, the quarantined container events per
+    cluster and stage, when each asset of each cluster was last materialized, and each cluster's
+    container events waiting to be applied, for `/metrics`."""
     letters = container_event_dead_letter.c
     with engine.connect() as conn:
         rates = _rows(
-            conn, select(cluster_overview_cache.c.cluster_name, cluster_overview_cache.c.allocation_rate)
+            conn,
+            select(
+                cluster_overview_cache.c.cluster_name,
+                cluster_overview_cache.c.allocation_rate,
+                cluster_overview_cache.c.utilization,
+            ),
         )
         consumer_rows = _rows(conn, select(gpu_consumers))
         quarantined = _rows(
@@ -363,7 +381,8 @@ def metrics_rows(engine: Engine) -> tuple[list[Row], list[Row], list[Row], list[
                 asset_freshness.c.cluster_name, asset_freshness.c.asset, asset_freshness.c.materialized_at
             ),
         )
-    return rates, consumer_rows, quarantined, freshness
+        waiting = backlog(conn)
+    return MetricsRows(rates, consumer_rows, quarantined, freshness, waiting)
 
 
 def unix(value: datetime | None) -> int:

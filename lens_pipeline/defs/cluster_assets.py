@@ -4,38 +4,36 @@ them, as one Dagster multi-asset partitioned by cluster.
 A run covers one cluster or a batch of them (a range of cluster partitions): each cluster in turn
 has its collectors, then its views, computed on one snapshot of its Kubernetes objects, released
 before the next cluster. Clusters are isolated from each other: when a part fails for one cluster,
-that cluster gets no materialization of the part (nor of the parts below it), the error is logged
-and shown by the cluster's partition status, and the run goes on with the other clusters. A run
-fails (and is retried with backoff) when it covered one cluster, or when nothing at all succeeded.
-The process start and code load, which cost more than collecting a 100-node cluster, are then
-paid once per batch instead of once per cluster (docs/SCALING.md).
+that cluster gets no materialization of the part (nor of the parts below it), the error is logged,
+and the run goes on with the other clusters. Once every cluster has had its turn, a run in which
+any part failed ends as failed: Dagster marks a partition failed only when the run that planned it
+failed, so this is what turns the broken cluster's partitions red in the UI while the clusters
+materialized by the same run stay green. A batch is not retried as a whole (the healthy clusters
+are done); the schedule's next tick runs the failing cluster alone, with retries.
+The process start and code load, which cost more than collecting a 100-node cluster, are paid once
+per batch instead of once per cluster (docs/SCALING.md).
 
 With `can_subset`, the UI, backfills and declarative automation can still materialize any subset
-of the assets.
+of the assets; a backfill is cut into runs of at most `$LENS_CLUSTERS_PER_RUN` clusters, so every
+run ends well inside run monitoring's limit.
 """
 
+import time
 import traceback
-from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
 from dagster import (
-    AssetCheckKey,
     AssetCheckResult,
-    AssetCheckSeverity,
     AssetExecutionContext,
     AssetKey,
     AssetMaterialization,
     BackfillPolicy,
-    Failure,
-    MetadataValue,
     multi_asset,
 )
-from sqlalchemy.exc import SQLAlchemyError
 
+from lens_pipeline import settings
 from lens_pipeline.clusters import ClusterNotFound
+from lens_pipeline.defs.batches import BatchReport, record_materialized_now
 from lens_pipeline.defs.collectors.common import (
     COLLECTOR_RETRY,
     ClusterAssetsConfig,
@@ -59,8 +57,6 @@ from lens_pipeline.defs.resources import (
     SafeDatabase,
 )
 from lens_pipeline.memory import paused_gc
-from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.overview import record_materialized
 
 # gpu_devices comes after gpu_pods (its queries are asked while gpu_pods works: listing is done then,
 # so Prometheus does not slow the API's pages) and before gpu_workloads (its answers are let go
@@ -79,13 +75,11 @@ COLLECTOR_KEYS = [AssetKey(p.key) for p in COLLECTORS]
 VIEW_KEYS = [AssetKey(p.key) for p in VIEWS]
 ASSET_KEYS = COLLECTOR_KEYS + VIEW_KEYS
 JOB_NAME = "collect_cluster"
-
-
-@dataclass(frozen=True)
-class PartFailure:
-    cluster: str
-    part: str
-    error: str
+# The tag of the schedule's and the registry sensor's collection runs (their own run-queue slots).
+COLLECTION_TAG = "lens/collection"
+# How long a backfill's or a hand-launched run waits for an older run to let a cluster go.
+HOLD_WAIT_SECONDS = 300.0
+HOLD_POLL_SECONDS = 2.0
 
 
 @multi_asset(
@@ -95,8 +89,9 @@ class PartFailure:
     partitions_def=cluster_partitions,
     can_subset=True,
     retry_policy=COLLECTOR_RETRY,
-    # A backfill over many clusters is one run (per contiguous range), not one run per cluster.
-    backfill_policy=BackfillPolicy.single_run(),
+    # A backfill over many clusters runs in batches, as the schedule's runs do: each run pays the
+    # process start once for many clusters and still ends well inside run monitoring's limit.
+    backfill_policy=BackfillPolicy.multi_run(max_partitions_per_run=settings.clusters_per_run()),
     description="The collectors and the views derived from them, for one cluster or a batch of clusters.",
 )
 def cluster_assets(
@@ -110,133 +105,87 @@ def cluster_assets(
 ) -> Iterator[AssetMaterialization | AssetCheckResult]:
     selected = [part for part in PARTS if AssetKey(part.key) in context.selected_asset_keys]
     names = list(context.partition_keys)
-    # One run per cluster at a time: a cluster an older run is working on is left to that run.
-    held = clusters_in_runs(
+    # One run per cluster at a time. A scheduled run leaves a cluster an older run is working on to
+    # that run (the next minute comes soon); a backfill or a run launched by hand waits for it, so
+    # that what was asked for is done.
+    scheduled = COLLECTION_TAG in context.run.tags
+    loaded = registry.load()
+    report = BatchReport(names)
+    for name in names:
+        if name in _held(context) and (scheduled or not _wait_until_free(context, name)):
+            context.log.warning(f"cluster {name}: another run is collecting it; left to that run")
+            continue
+        try:
+            cluster = loaded.get(name)
+        except ClusterNotFound as exc:
+            for part in selected:
+                report.failed(name, part.key, str(exc))
+            context.log.error(str(exc))
+            continue
+        done: list[str] = []
+        yield from _cluster_turn(
+            ClusterTurn(context, cluster, kubernetes, prometheus, lens_db, safe_db, config),
+            selected,
+            report,
+            done,
+        )
+        if done:
+            record_materialized_now(lens_db, name, done, context.log)
+    yield from report.merged_checks(context.selected_asset_check_keys)
+    report.raise_if_failed()
+
+
+def _held(context: AssetExecutionContext) -> set[str]:
+    """The clusters older runs are collecting now."""
+    return clusters_in_runs(
         context.instance,
         statuses=WORKING,
         job_names={JOB_NAME},
         asset_keys=ASSET_KEYS,
         before_run_id=context.run.run_id,
     )
-    loaded = registry.load()
-    checks: dict[AssetCheckKey, list[tuple[str, AssetCheckResult]]] = defaultdict(list)
-    failures: list[PartFailure] = []
-    materialized = 0
-    for name in names:
-        if name in held:
-            context.log.warning(f"cluster {name}: another run is collecting it; left to that run")
-            continue
+
+
+def _wait_until_free(context: AssetExecutionContext, name: str) -> bool:
+    """Wait (up to HOLD_WAIT_SECONDS) for the older runs to let the cluster go."""
+    context.log.info(f"cluster {name}: another run is collecting it; waiting for it to finish")
+    deadline = time.monotonic() + HOLD_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        time.sleep(HOLD_POLL_SECONDS)
+        if name not in _held(context):
+            return True
+    return False
+
+
+def _cluster_turn(
+    turn: ClusterTurn, selected: list[ClusterPart], report: BatchReport, done: list[str]
+) -> Iterator[AssetMaterialization]:
+    """One cluster's parts in order; a part whose upstream failed is not computed."""
+    name, broken = turn.cluster.name, set[str]()
+    # A cluster's turn builds millions of objects, without reference cycles, all let go at its
+    # end: the cyclic collector would only rescan them over and over (about a second at the
+    # envelope). The collector is back at work once they are let go.
+    with paused_gc(freeze=False):
         try:
-            cluster = loaded.get(name)
-        except ClusterNotFound as exc:
-            failures += [PartFailure(name, part.key, str(exc)) for part in selected]
-            context.log.error(str(exc))
-            continue
-        turn = ClusterTurn(context, cluster, kubernetes, prometheus, lens_db, safe_db, config)
-        broken: set[str] = set()
-        done: list[str] = []
-        # A cluster's turn builds millions of objects, without reference cycles, all let go at its
-        # end: the cyclic collector would only rescan them over and over (about a second at the
-        # envelope). The collector is back at work once they are let go.
-        with paused_gc(freeze=False):
-            try:
-                for index, part in enumerate(selected):
-                    # Prometheus evaluates the next part's queries while this part works.
-                    turn.prefetch(
-                        [p for p in selected[index : index + 2] if not broken & {d.key for d in p.deps}]
-                    )
-                    upstream = [d.key for d in part.deps if d.key in broken]
-                    if upstream:
-                        broken.add(part.key)
-                        failures.append(
-                            PartFailure(name, part.key, f"not computed: {', '.join(upstream)} failed")
-                        )
-                        continue
-                    try:
-                        result = part.compute(turn)
-                    except Exception as exc:
-                        broken.add(part.key)
-                        failures.append(PartFailure(name, part.key, f"{type(exc).__name__}: {exc}"))
-                        context.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
-                        continue
-                    materialized += 1
-                    done.append(part.key)
-                    yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
-                    for check in result.check_results or ():
-                        checks[AssetCheckKey(AssetKey(part.key), check.check_name or "")].append(
-                            (name, check)
-                        )
-            finally:
-                turn.release()
-        if done:
-            _record_materialized(lens_db, name, done, context)
-
-    failed_by_part: dict[str, dict[str, str]] = defaultdict(dict)
-    for failure in failures:
-        failed_by_part[failure.part][failure.cluster] = failure.error
-    for key in context.selected_asset_check_keys:
-        results, failed = checks.get(key, []), failed_by_part.get(key.asset_key.path[-1], {})
-        if results or failed:  # nothing to say when every cluster was left to other runs
-            yield merged_check(key, results, failed)
-    if failures and (len(names) == 1 or materialized == 0):
-        raise Failure(
-            description=f"{len(failures)} asset(s) of {len(names)} cluster(s) failed: "
-            + "; ".join(f"{f.cluster}/{f.part}: {f.error}" for f in failures[:10]),
-            metadata={"failures": MetadataValue.json([f.__dict__ for f in failures[:100]])},
-        )
-
-
-def _record_materialized(lens_db: LensDatabase, cluster: str, assets: list[str], context: Any) -> None:
-    """Per cluster and asset, when it was last materialized (`/metrics` of `lens api`); a failure to
-    record it is logged, never the cluster's failure."""
-    try:
-        with write_transaction(lens_db.engine()) as conn:
-            record_materialized(conn, cluster, assets, now=datetime.now(UTC))
-    except SQLAlchemyError as exc:
-        context.log.warning(f"cluster {cluster}: freshness of {', '.join(assets)} not recorded: {exc}")
-
-
-def merged_check(
-    key: AssetCheckKey, results: list[tuple[str, AssetCheckResult]], failed: dict[str, str]
-) -> AssetCheckResult:
-    """One result of a check for every cluster of the run: passed when it passed on every cluster;
-    a cluster whose asset could not be computed fails it too (an error). What failed where, in
-    metadata."""
-    if len(results) == 1 and not failed:
-        only = results[0][1]
-        return AssetCheckResult(
-            asset_key=key.asset_key,
-            check_name=key.name,
-            passed=only.passed,
-            severity=only.severity,
-            metadata=only.metadata,
-            description=only.description,
-        )
-    failing = [(cluster, result) for cluster, result in results if not result.passed]
-    severity = AssetCheckSeverity.WARN
-    if failed or any(r.severity == AssetCheckSeverity.ERROR for _, r in failing):
-        severity = AssetCheckSeverity.ERROR
-    metadata: dict[str, Any] = {
-        "clusters_checked": len(results),
-        "clusters_failing": sorted(cluster for cluster, _ in failing),
-    }
-    if failing:
-        metadata["failing"] = MetadataValue.json(
-            {cluster: _plain(result.metadata) for cluster, result in failing[:50]}
-        )
-    if failed:
-        metadata["not_computed"] = MetadataValue.json(dict(sorted(failed.items())[:50]))
-    return AssetCheckResult(
-        asset_key=key.asset_key,
-        check_name=key.name,
-        passed=bool(results) and not failing and not failed,
-        severity=severity,
-        metadata=metadata,
-    )
-
-
-def _plain(metadata: Any) -> dict[str, Any]:
-    return {
-        k: getattr(v, "value", v) if not isinstance(v, (str, int, float, bool, list)) else v
-        for k, v in (metadata or {}).items()
-    }
+            for index, part in enumerate(selected):
+                # Prometheus evaluates the next part's queries while this part works.
+                turn.prefetch(
+                    [p for p in selected[index : index + 2] if not broken & {d.key for d in p.deps}]
+                )
+                upstream = [d.key for d in part.deps if d.key in broken]
+                if upstream:
+                    broken.add(part.key)
+                    report.failed(name, part.key, f"not computed: {', '.join(upstream)} failed")
+                    continue
+                try:
+                    result = part.compute(turn)
+                except Exception as exc:
+                    broken.add(part.key)
+                    report.failed(name, part.key, f"{type(exc).__name__}: {exc}")
+                    turn.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
+                    continue
+                done.append(part.key)
+                yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
+                report.checked(name, part.key, result.check_results or ())
+        finally:
+            turn.release()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import ClassVar
 
-from dagster import ConfigurableResource, Definitions, InitResourceContext
+from dagster import ConfigurableResource, Definitions, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
 from sqlalchemy import Engine
 
@@ -110,11 +111,19 @@ class PrometheusResource(ConfigurableResource):
         return PromReader(cluster.name, cluster.prometheus_url, timeout_seconds=self.timeout_seconds)
 
 
+def _setting(variable: str, default: Callable[[], str]) -> str | EnvVar:
+    """What the UI shows for a setting: the environment variable when it is set (its name, not a
+    URL that may hold a password), else the default in use (a SQLite file under $DAGSTER_HOME)."""
+    return EnvVar(variable) if os.environ.get(variable) else default()
+
+
 defs = Definitions(
     resources={
-        "registry": ClusterRegistryResource(),
-        "lens_db": LensDatabase(),
-        "safe_db": SafeDatabase(),
+        # The registry has no default: a code location without it fails its runs and sensors with
+        # Dagster's own error naming the variable.
+        "registry": ClusterRegistryResource(clusters_file=EnvVar(settings.LENS_CLUSTERS_FILE)),
+        "lens_db": LensDatabase(url=_setting(settings.LENS_DATABASE_URL, settings.lens_database_url)),
+        "safe_db": SafeDatabase(url=_setting(settings.LENS_SAFE_DATABASE_URL, settings.safe_database_url)),
         "kubernetes": KubernetesResource(),
         "prometheus": PrometheusResource(),
     }

@@ -1,7 +1,8 @@
 """How `lens ingest` is configured, and who may send: per-cluster bearer tokens.
 
 The tokens file maps cluster name to token (YAML `{tokens: {prod-east: "...", ...}}`, or a
-token file per cluster: `{tokens: {prod-east: {token_file: /run/secrets/east}}}`). With tokens
+token file per cluster: `{tokens: {prod-east: {token_file: /run/secrets/east}}}`), or to a list of
+them, all accepted, for a rotation (`{tokens: {prod-east: [new, old]}}`). With tokens
 configured, every stream and request must carry `authorization: Bearer <token>`; the token says
 which cluster its events belong to. Without, the sidecar serves one cluster (`default_cluster`)
 as the original did, or whatever cluster an event names.
@@ -27,7 +28,7 @@ class Unauthenticated(Exception):
 
 @dataclass(frozen=True)
 class Tokens:
-    by_cluster: dict[str, str] = field(default_factory=dict)
+    by_cluster: dict[str, str | list[str]] = field(default_factory=dict)
 
     @property
     def required(self) -> bool:
@@ -45,9 +46,10 @@ class Tokens:
         token = token.strip().encode()
         match = None
         # Compare with every token in constant time: which one matched must not leak through timing.
-        for cluster, expected in self.by_cluster.items():
-            if hmac.compare_digest(token, expected.encode()):
-                match = cluster
+        for cluster, accepted in self.by_cluster.items():
+            for expected in [accepted] if isinstance(accepted, str) else accepted:
+                if hmac.compare_digest(token, expected.encode()):
+                    match = cluster
         if match is None:
             raise Unauthenticated("the bearer token is not valid for any cluster")
         return match
@@ -61,21 +63,29 @@ class Tokens:
         entries = document.get("tokens") if isinstance(document, dict) else None
         if not isinstance(entries, dict):
             raise ValueError(f"{path}: expected a mapping `tokens: {{cluster: token}}`")
-        tokens = {}
+        tokens: dict[str, str | list[str]] = {}
         for cluster, entry in entries.items():
             problem = validate_cluster_name(cluster)
             if problem:
                 raise ValueError(f"{path}: cluster name {problem}")
-            if isinstance(entry, dict) and "token_file" in entry:
-                token = (base / entry["token_file"]).read_text().strip()
-            elif isinstance(entry, str):
-                token = entry.strip()
+            if isinstance(entry, list) and entry:
+                tokens[cluster] = [_read_token(base, f"{path}: cluster {cluster}", item) for item in entry]
             else:
-                raise ValueError(f"{path}: cluster {cluster}: expected a token or {{token_file: PATH}}")
-            if not token:
-                raise ValueError(f"{path}: cluster {cluster}: empty token")
-            tokens[cluster] = token
+                tokens[cluster] = _read_token(base, f"{path}: cluster {cluster}", entry)
         return cls(tokens)
+
+
+def _read_token(base: Path, where: str, entry: object) -> str:
+    """One token of the tokens file: the token itself, or `{token_file: PATH}` (relative to the file)."""
+    if isinstance(entry, dict) and "token_file" in entry:
+        token = (base / entry["token_file"]).read_text().strip()
+    elif isinstance(entry, str):
+        token = entry.strip()
+    else:
+        raise ValueError(f"{where}: expected a token, {{token_file: PATH}}, or a list of them")
+    if not token:
+        raise ValueError(f"{where}: empty token")
+    return token
 
 
 @dataclass(frozen=True)

@@ -319,6 +319,54 @@ def news_after(conn: Connection, after_id: int) -> list[ClusterNews]:
     return [ClusterNews(c, int(last), int(n), int(p or 0)) for c, last, n, p in conn.execute(query)]
 
 
+def pending_clusters(conn: Connection) -> dict[str, int]:
+    """Per cluster with events to process past its watermark: its newest such segment id. Only the
+    segments past each watermark are read (the unique (cluster_name, id) index serves the range)."""
+    seg, progress = container_event_segment.c, container_event_progress.c
+    query = (
+        select(seg.cluster_name, func.max(seg.id))
+        .select_from(
+            container_event_segment.outerjoin(
+                container_event_progress, progress.cluster_name == seg.cluster_name
+            )
+        )
+        .where(seg.id > func.coalesce(progress.last_log_id, 0), seg.to_process > 0)
+        .group_by(seg.cluster_name)
+    )
+    return {cluster: int(newest) for cluster, newest in conn.execute(query)}
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """One cluster's logged events that need processing and are not applied yet."""
+
+    cluster: str
+    events: int
+    oldest_received_at: datetime | None  # of the oldest segment holding them (None: caught up)
+
+
+def backlog(conn: Connection) -> list[Backlog]:
+    """Per cluster with events or a watermark: what waits beyond its watermark (the ingest lag of
+    `/metrics`). One grouped query over the segments past each cluster's watermark, which the
+    (cluster, id) index bounds; segments whose events need no processing are not waiting (no run
+    is started for them)."""
+    seg, progress = container_event_segment.c, container_event_progress.c
+    pending = (
+        select(seg.cluster_name, func.sum(seg.to_process), func.min(seg.received_at))
+        .select_from(
+            container_event_segment.outerjoin(
+                container_event_progress, progress.cluster_name == seg.cluster_name
+            )
+        )
+        .where(seg.id > func.coalesce(progress.last_log_id, 0), seg.to_process > 0)
+        .group_by(seg.cluster_name)
+    )
+    found = {cluster: Backlog(cluster, int(n), at) for cluster, n, at in conn.execute(pending)}
+    for cluster in conn.scalars(select(progress.cluster_name)):
+        found.setdefault(cluster, Backlog(cluster, 0, None))
+    return [found[cluster] for cluster in sorted(found)]
+
+
 @dataclass(frozen=True)
 class LoggedEvent:
     id: int  # of the segment that holds it

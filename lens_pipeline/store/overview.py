@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -52,3 +52,13 @@ def record_materialized(conn: Connection, cluster_name: str, assets: list[str], 
     """The cluster's `assets` were materialized at `now` (its turn's end)."""
     rows = [{"cluster_name": cluster_name, "asset": asset, "materialized_at": now} for asset in assets]
     bulk_upsert(conn, asset_freshness, rows)
+
+
+def materialized_times(conn: Connection, assets: Sequence[str]) -> dict[str, dict[str, datetime]]:
+    """Per cluster, when each of `assets` was last materialized (as recorded by the clusters' turns)."""
+    fresh = asset_freshness.c
+    times: dict[str, dict[str, datetime]] = {}
+    query = select(fresh.cluster_name, fresh.asset, fresh.materialized_at).where(fresh.asset.in_(assets))
+    for cluster, asset, when in conn.execute(query):
+        times.setdefault(cluster, {})[asset] = when
+    return times

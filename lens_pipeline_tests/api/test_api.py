@@ -348,6 +348,10 @@ def test_consumers_and_metrics_have_no_series_for_ended_consumers(served):
     assert before["lens_gpu_allocation_ratio"] == pytest.approx(
         {k: v / 100 for k, v in before["gpu_allocation_rate"].items()}
     )
+    (overview,) = table(lens_url, cluster_overview_cache, cluster)
+    assert before["lens_gpu_utilization_ratio"][(("cluster", cluster),)] == pytest.approx(
+        overview["utilization"] / 100
+    )
     assert before["lens_consumer_gpu_utilization_ratio"] == pytest.approx(
         {k: v / 100 for k, v in before["consumer_pod_gpu_usage"].items()}
     )

@@ -4,17 +4,28 @@ and is run alone by the next tick, and a cluster an older run holds is left to t
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime
 
-from dagster import AssetKey, DagsterRun, DagsterRunStatus, build_schedule_context, instance_for_test
+from dagster import (
+    AssetKey,
+    AssetPartitionStatus,
+    DagsterRun,
+    DagsterRunStatus,
+    build_schedule_context,
+    instance_for_test,
+)
 from sqlalchemy import select
 
-from lens_pipeline.defs import resources
+from lens_pipeline.defs import cluster_assets, resources
+from lens_pipeline.defs.cluster_assets import ASSET_KEYS, COLLECTION_TAG
 from lens_pipeline.defs.collectors.schedules import collect_every_minute, failing_clusters
 from lens_pipeline.defs.partitions import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
     CLUSTER_PARTITIONS_NAME,
+    cluster_partitions,
 )
 from lens_pipeline.defs.resources import (
     ClusterRegistryResource,
@@ -75,9 +86,18 @@ def test_a_batch_collects_every_healthy_cluster_and_isolates_a_broken_one(tmp_pa
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, order)
 
         result = _run(instance, registry, tmp_path, _batch(order[0], order[-1]))
-        assert result.success  # the broken cluster does not fail the batch
+        # The run fails, after every healthy cluster was written once (no retry of the batch).
+        assert not result.success
         for asset in ("gpu_nodes", "gpu_pods", "cluster_overview_cache", "safe_node_statistic"):
             assert sorted(m.partition for m in materializations(result, asset)) == sorted(healthy), asset
+        # Dagster's partition status, as the UI shows it: the broken cluster failed for every asset,
+        # the clusters the same run wrote are materialized.
+        for key in ASSET_KEYS:
+            status = instance.get_status_by_partition(key, order, cluster_partitions)
+            assert status == {
+                name: AssetPartitionStatus.FAILED if name == "broken" else AssetPartitionStatus.MATERIALIZED
+                for name in order
+            }, key
         for name in healthy:
             assert_table_equals_truth(f"sqlite:///{tmp_path / 'lens.db'}", server, name)
         with get_engine(f"sqlite:///{tmp_path / 'lens.db'}").connect() as conn:
@@ -112,8 +132,23 @@ def test_a_batch_collects_every_healthy_cluster_and_isolates_a_broken_one(tmp_pa
         alone = _run(instance, registry, tmp_path, {"dagster/partition": "broken"})
         assert not alone.success
 
+        # Once it answers again, its next run turns it green.
+        edit_registry(registry, lambda document: _point_at(document, "broken", healthy[0]))
+        assert _run(instance, registry, tmp_path, {"dagster/partition": "broken"}).success
+        assert failing_clusters(instance, order) == set()
 
-def test_a_cluster_an_older_run_holds_is_left_to_it(tmp_path):
+
+def _point_at(document: dict, name: str, like: str) -> None:
+    """Give cluster `name` the API and Prometheus of cluster `like`."""
+    (entry,) = [e for e in document["clusters"] if e["name"] == name]
+    (model,) = [e for e in document["clusters"] if e["name"] == like]
+    entry.clear()
+    entry.update({**model, "name": name})
+
+
+def test_a_cluster_an_older_run_holds_is_left_to_it_by_the_schedule_and_waited_for_by_a_backfill(
+    tmp_path, monkeypatch
+):
     fleet = SimFleet.generate(clusters=2, nodes=4, seed=6, vendor="amd")
     names = [c.name for c in fleet]
     with SimServer(fleet) as server, instance_for_test() as instance:
@@ -127,9 +162,19 @@ def test_a_cluster_an_older_run_holds_is_left_to_it(tmp_path):
                 tags={"dagster/partition": names[0]},
             )
         )
-        result = _run(instance, registry, tmp_path, _batch(names[0], names[1]))
+        scheduled = {**_batch(names[0], names[1]), COLLECTION_TAG: "scheduled"}
+        result = _run(instance, registry, tmp_path, scheduled)
         assert result.success
         assert [m.partition for m in materializations(result, "gpu_nodes")] == [names[1]]
+
+        # A backfill's run waits for the older run to let the cluster go, then collects it.
+        monkeypatch.setattr(cluster_assets, "HOLD_POLL_SECONDS", 0.2)
+        older = instance.get_run_by_id("older")
+        threading.Timer(1.5, lambda: instance.report_run_failed(older)).start()
+        started = time.monotonic()
+        result = _run(instance, registry, tmp_path, _batch(names[0], names[1]))
+        assert result.success and time.monotonic() - started > 1.5
+        assert sorted(m.partition for m in materializations(result, "gpu_nodes")) == sorted(names)
 
 
 def test_a_cluster_whose_prometheus_is_down_runs_alone_from_the_next_tick(tmp_path):
@@ -146,10 +191,15 @@ def test_a_cluster_whose_prometheus_is_down_runs_alone_from_the_next_tick(tmp_pa
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
 
         result = _run(instance, registry, tmp_path, _batch(names[0], names[2]))
-        assert result.success
+        assert not result.success
         # Its Kubernetes collectors are written; the devices, read from Prometheus, are not.
         assert sorted(m.partition for m in materializations(result, "gpu_nodes")) == sorted(names)
         assert sorted(m.partition for m in materializations(result, "gpu_devices")) == [names[0], names[2]]
+        status = instance.get_status_by_partition(AssetKey("gpu_devices"), names, cluster_partitions)
+        assert status[names[1]] == AssetPartitionStatus.FAILED
+        assert status[names[0]] == status[names[2]] == AssetPartitionStatus.MATERIALIZED
+        nodes = instance.get_status_by_partition(AssetKey("gpu_nodes"), names, cluster_partitions)
+        assert set(nodes.values()) == {AssetPartitionStatus.MATERIALIZED}
         assert failing_clusters(instance, names) == {names[1]}
         tick = datetime(2026, 11, 22, 10, 8, tzinfo=UTC)
         requests = collect_every_minute(

@@ -2,8 +2,9 @@
 
 For every way a cluster can break (its API refuses or resets connections, answers 503, answers
 slower than the cluster's request timeout, lets every continue token expire; its Prometheus answers
-503) the matrix proves that the batch as a whole still succeeds, that each of the nine healthy
-clusters gets fresh materializations of every asset and stores what the simulator's truth says,
+503) the matrix proves that each of the nine healthy clusters gets fresh materializations of every
+asset and stores what the simulator's truth says, that Dagster shows exactly the broken cluster's
+unwritten partitions as failed (the run ends as failed once every cluster had its turn),
 that the broken cluster's stored rows stay exactly as they were (only what the working part of it
 feeds is written), that the batch's merged checks name the broken cluster and the cause, and that
 the broken API is asked no more often than the documented retry budget (docs/OPERATIONS.md).
@@ -25,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, instance_for_test
+from dagster import AssetKey, AssetPartitionStatus, instance_for_test
 from sqlalchemy import Table
 
 from lens_pipeline.defs.cluster_assets import ASSET_KEYS
 from lens_pipeline.defs.collectors.schedules import failing_clusters
-from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME, cluster_partitions
 from lens_pipeline.defs.resources import (
     ClusterRegistryResource,
     KubernetesResource,
@@ -296,10 +297,17 @@ def test_one_broken_cluster_in_a_batch_of_ten(matrix: Matrix, fault: Fault):
         broken.continue_ttl = continue_ttl
         m.registry.write_text(registry_text)
 
-    # The batch succeeds: a cluster that fails a part gets no materialization of it (nor of the
-    # parts below it) and is named in the merged checks; a batch fails only when nothing succeeded.
-    assert result.success
+    # A cluster that fails a part gets no materialization of it (nor of the parts below it) and is
+    # named in the merged checks; the batch then ends as failed, so that Dagster shows exactly those
+    # partitions as failed, and the healthy clusters' as materialized.
+    broken_parts = EVERYTHING - fault.written
+    assert result.success == (not broken_parts)
     by_cluster = written(result)
+    for asset in EVERYTHING:
+        status = m.instance.get_status_by_partition(AssetKey(asset), m.names, cluster_partitions)
+        assert all(status[n] == AssetPartitionStatus.MATERIALIZED for n in healthy), (asset, status)
+        expected = AssetPartitionStatus.FAILED if asset in broken_parts else AssetPartitionStatus.MATERIALIZED
+        assert status[broken.name] == expected, (asset, status[broken.name])
 
     # Every healthy cluster got every asset, and stores what its cluster holds.
     unwritten = {n: sorted(EVERYTHING - by_cluster.get(n, set())) for n in healthy}
@@ -317,7 +325,6 @@ def test_one_broken_cluster_in_a_batch_of_ten(matrix: Matrix, fault: Fault):
     for t in fault.untouched:
         assert after[t.name] == before[t.name], t.name
 
-    broken_parts = EVERYTHING - fault.written
     assert failing_clusters(m.instance, m.names) == ({broken.name} if broken_parts else set())
     if broken_parts:
         # One merged result per check for the batch: the broken cluster is named, with the cause.

@@ -1,11 +1,13 @@
-"""Run retention on a real instance: finished runs older than the window go with their event logs;
-the pruning run itself, and runs inside the window, stay."""
+"""Run retention on a real instance: this code location's finished runs older than the window go
+with their event logs; the pruning run itself, runs inside the window, and other code locations'
+runs (a shared Dagster) stay."""
 
 from __future__ import annotations
 
 from dagster import asset, instance_for_test, materialize
 
 from lens_pipeline.defs.fleet.retention import prune_run_history
+from lens_pipeline.defs.run_tags import CODE_LOCATION, CODE_LOCATION_TAG
 
 
 @asset
@@ -13,9 +15,11 @@ def tiny() -> int:
     return 1
 
 
-def test_old_finished_runs_are_deleted_and_recent_ones_kept():
+def test_old_finished_runs_of_this_code_location_are_deleted_and_others_kept():
     with instance_for_test() as instance:
-        old = [materialize([tiny], instance=instance).run_id for _ in range(3)]
+        ours = {CODE_LOCATION_TAG: CODE_LOCATION}
+        old = [materialize([tiny], instance=instance, tags=ours).run_id for _ in range(3)]
+        theirs = materialize([tiny], instance=instance, tags={"team": "other"}).run_id
         assert all(instance.get_records_for_run(run_id).records for run_id in old)
 
         kept = prune_run_history.execute_in_process(
@@ -29,5 +33,6 @@ def test_old_finished_runs_are_deleted_and_recent_ones_kept():
         )
         assert pruned.success and pruned.output_for_node("delete_old_runs") == 4  # 3 + the first pruning
         remaining = {r.run_id for r in instance.get_runs()}
-        assert remaining == {pruned.run_id}
+        assert remaining == {pruned.run_id, theirs}
         assert not any(instance.get_records_for_run(run_id).records for run_id in old)
+        assert instance.get_records_for_run(theirs).records

@@ -12,12 +12,15 @@ from lens_pipeline.sim import node_agent as agent
 from lens_pipeline.store import event_log
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.event_log import (
+    Backlog,
     append_events,
+    backlog,
     log_transaction,
     logged_events,
     news_after,
     prune,
     read_events,
+    set_processed_up_to,
 )
 from lens_pipeline.store.migrate import upgrade
 from lens_pipeline.store.schema import container_event_key, lens_metadata
@@ -60,6 +63,30 @@ def test_a_round_becomes_segments_and_a_partial_replay_adds_only_the_new(lens_ur
     assert chunk.up_to_id == chunk.events[-1].id  # whole segments, up to the one that filled it
     assert keys == 17
     assert events[0].data()["pod_name"] == "train-0" and events[0].received_at == T0
+
+
+def test_the_backlog_is_what_waits_past_each_watermark(lens_url):
+    """The ingest lag of `/metrics`: per cluster, the events needing processing beyond its
+    watermark and when the oldest of them arrived; a cluster caught up has 0, and events needing no
+    processing (GPU-less: no run is started for them) are not waiting."""
+    upgrade(get_engine(lens_url), "lens")
+    engine = get_engine(lens_url)
+    _append(lens_url, _rows(range(4), at=T0))  # events 1 and 3 need processing
+    _append(lens_url, _rows(range(4, 8), at=T0 + timedelta(minutes=5)) + _rows([0], cluster="west"))
+    _append(lens_url, _rows([2], cluster="north"))  # needs no processing
+    with engine.connect() as conn:
+        newest = event_log.last_id(conn, "east")
+    with engine.connect() as conn:
+        assert backlog(conn) == [Backlog("east", 4, T0)]
+    with engine.begin() as conn:
+        set_processed_up_to(conn, "east", newest - 1, T0)  # the second round is still waiting
+        set_processed_up_to(conn, "west", event_log.last_id(conn, "west"), T0)
+    with engine.connect() as conn:
+        assert backlog(conn) == [Backlog("east", 2, T0 + timedelta(minutes=5)), Backlog("west", 0, None)]
+    with engine.begin() as conn:
+        set_processed_up_to(conn, "east", newest, T0)
+    with engine.connect() as conn:
+        assert backlog(conn) == [Backlog("east", 0, None), Backlog("west", 0, None)]
 
 
 def test_retention_drops_processed_old_segments_and_their_keys(lens_url):

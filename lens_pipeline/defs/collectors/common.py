@@ -9,7 +9,7 @@ snapshot of its Kubernetes objects.
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from dagster import (
@@ -29,6 +29,7 @@ from dagster import (
 from pydantic import Field
 
 from lens_pipeline.clusters import ClusterConfig
+from lens_pipeline.collect.freshness import FAIL_AFTER, WARN_AFTER
 from lens_pipeline.collect.problems import Problem
 from lens_pipeline.defs.collectors.reporting import problems_metadata, read_metadata
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
@@ -49,7 +50,7 @@ MAX_LOGGED_PROBLEMS = 20
 
 # The UI shows an asset as late after warn_window and failing after fail_window without a new
 # materialization; the schedule refreshes every minute.
-FRESHNESS = FreshnessPolicy.time_window(fail_window=timedelta(minutes=5), warn_window=timedelta(minutes=2))
+FRESHNESS = FreshnessPolicy.time_window(fail_window=FAIL_AFTER, warn_window=WARN_AFTER)
 
 
 class StatisticsConfig(Config):

@@ -9,6 +9,7 @@ once; a cluster some run is still queued for or working on is left out of this m
 from collections.abc import Sequence
 
 from dagster import (
+    AssetPartitionStatus,
     AssetSelection,
     DagsterInstance,
     DefaultScheduleStatus,
@@ -22,35 +23,36 @@ from dagster import (
 )
 
 from lens_pipeline import settings
-from lens_pipeline.defs.cluster_assets import ASSET_KEYS, COLLECTOR_KEYS, JOB_NAME, cluster_assets
+from lens_pipeline.defs.cluster_assets import ASSET_KEYS, COLLECTION_TAG, JOB_NAME, cluster_assets
 from lens_pipeline.defs.partitions import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
     BATCH_TAG,
     CLUSTER_PARTITIONS_NAME,
     CLUSTER_TAG,
+    cluster_partitions,
     clusters_in_runs,
 )
+from lens_pipeline.defs.run_tags import COLLECTION_RUN_TAGS
 
 collect_cluster_job = define_asset_job(
     JOB_NAME,
     selection=AssetSelection.assets(*ASSET_KEYS),
     executor_def=in_process_executor,
+    tags={**COLLECTION_RUN_TAGS, COLLECTION_TAG: "scheduled"},
     description="Every collector of a cluster (or of a batch of clusters) and everything derived from "
     "them, in one process (startup costs seconds per run).",
 )
 
 
 def failing_clusters(instance: DagsterInstance, clusters: Sequence[str]) -> set[str]:
-    """Clusters whose latest attempt at one of their collectors did not materialize it (a failure,
-    or a run still going: those are busy anyway)."""
-    storage = instance.event_log_storage
+    """Clusters whose partition of one of the collectors or views is failed in Dagster's status (the
+    last run that planned it failed without materializing it)."""
     failed: set[str] = set()
-    for key in COLLECTOR_KEYS:
-        failed |= set(
-            storage.get_latest_asset_partition_materialization_attempts_without_materializations(key)
-        )
-    return failed & set(clusters)
+    for key in ASSET_KEYS:
+        status = instance.get_status_by_partition(key, list(clusters), cluster_partitions)
+        failed |= {name for name, state in (status or {}).items() if state == AssetPartitionStatus.FAILED}
+    return failed
 
 
 def collection_requests(

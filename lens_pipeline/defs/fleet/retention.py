@@ -1,8 +1,11 @@
 """Retention: a month of one-minute runs per cluster must not grow the Dagster instance nor the Lens
 database without bound. `dagster.yaml`'s `retention` purges schedule and sensor ticks; finished runs
-(and their event logs) older than `keep_hours` are deleted here every hour, and the Lens history
-nothing needs any more (superseded snapshots, the device changelog) every night after `keep_days`.
-See docs/OPERATIONS.md for the growth."""
+of this code location (and their event logs) older than `keep_hours` are deleted here every hour,
+and the Lens history nothing needs any more (superseded snapshots, the device changelog) every night
+after `keep_days`. See docs/OPERATIONS.md for the growth.
+
+In a Dagster shared with other code locations, only our runs go: those tagged with
+`lens/code-location` (every run of our jobs and sensors); the others' are their owners' to keep."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -21,6 +24,7 @@ from pydantic import Field
 
 from lens_pipeline.defs.partitions import FINISHED_STATUSES
 from lens_pipeline.defs.resources import LensDatabase
+from lens_pipeline.defs.run_tags import CODE_LOCATION, CODE_LOCATION_TAG, RETENTION_RUN_TAGS
 from lens_pipeline.store.history import prune_history
 
 
@@ -29,13 +33,17 @@ class RetentionConfig(Config):
     max_deletions: int = Field(default=20_000, ge=1, description="at most this many per run (catch-up)")
 
 
-@op(description="Delete finished runs, and their event logs, older than `keep_hours`.")
+@op(description="Delete this code location's finished runs, and their event logs, older than `keep_hours`.")
 def delete_old_runs(context: OpExecutionContext, config: RetentionConfig) -> Output[int]:
     before = datetime.now(UTC) - timedelta(hours=config.keep_hours)
     deleted = 0
     while deleted < config.max_deletions:
         records = context.instance.get_run_records(
-            RunsFilter(statuses=list(FINISHED_STATUSES), updated_before=before),
+            RunsFilter(
+                statuses=list(FINISHED_STATUSES),
+                updated_before=before,
+                tags={CODE_LOCATION_TAG: CODE_LOCATION},
+            ),
             limit=min(500, config.max_deletions - deleted),
             ascending=True,
         )
@@ -49,7 +57,11 @@ def delete_old_runs(context: OpExecutionContext, config: RetentionConfig) -> Out
     return Output(deleted, metadata={"deleted_runs": deleted, "finished_before": before.isoformat()})
 
 
-@job(description="Run retention: finished runs older than keep_hours go, with their event logs.")
+@job(
+    description="Run retention: this code location's finished runs older than keep_hours go, with "
+    "their event logs.",
+    tags=RETENTION_RUN_TAGS,
+)
 def prune_run_history() -> None:
     delete_old_runs()
 
@@ -86,7 +98,10 @@ def delete_old_history(
     )
 
 
-@job(description="Lens history retention: superseded snapshots and old changelog rows go after keep_days.")
+@job(
+    description="Lens history retention: superseded snapshots and old changelog rows go after keep_days.",
+    tags=RETENTION_RUN_TAGS,
+)
 def prune_lens_history() -> None:
     delete_old_history()
 

@@ -1,0 +1,59 @@
+"""deploy/monitored-cluster/ grants what the collectors read, and only reads: a LIST of every path
+`lens doctor` checks (the collectors' own LISTs), of every owner kind a GPU pod can have (the
+simulator's kinds, which mirror the real CRDs), and a GET of the one JuiceFS Secret, nothing more."""
+
+from __future__ import annotations
+
+from lens_pipeline.doctor import LISTED
+from lens_pipeline.sim.kinds import KINDS
+from lens_pipeline_tests.test_deploy import DEPLOY, rendered
+
+READ = {"get", "list"}
+
+
+def _granted(rules: list[dict]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_cluster_role_lets_the_collectors_list_what_they_read_and_nothing_else():
+    documents = rendered(DEPLOY / "monitored-cluster")
+    (role,) = [d for d in documents if d["kind"] == "ClusterRole"]
+    granted = _granted(role["rules"])
+    assert {verb for *_, verb in granted} <= READ and not any("*" in g for g in granted)
+    for kind, path in LISTED.items():
+        group = "" if path.startswith("/api/v1/") else path.split("/")[2]
+        assert (group, kind, "list") in granted, path
+    owners = [k for k in KINDS if k.plural not in {"namespaces", "secrets"}]
+    missing = [f"{k.plural}.{k.group}" for k in owners if (k.group, k.plural, "list") not in granted]
+    assert missing == []
+    assert not [g for g in granted if g[1] == "secrets"], "Secrets only through the namespaced Role"
+    (binding,) = [d for d in documents if d["kind"] == "ClusterRoleBinding"]
+    (account,) = [d for d in documents if d["kind"] == "ServiceAccount"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+
+
+def test_the_juicefs_secret_is_one_named_secret_to_get():
+    documents = rendered(DEPLOY / "monitored-cluster")
+    (role,) = [d for d in documents if d["kind"] == "Role"]
+    (rule,) = role["rules"]
+    assert _granted([rule]) == {("", "secrets", "get")} and len(rule["resourceNames"]) == 1
+    (binding,) = [d for d in documents if d["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
