@@ -135,7 +135,7 @@ class OverviewReader:
 def live_overview(conn: Connection, cluster: str) -> Row | None:
     """The overview computed from the `node` table now (the cache missed); None for a cluster the
     database does not know. Utilization is the nodes' GPU-weighted mean; storage and RDMA figures
-    need Prometheus and read 0 until the asset has run."""
+    need Prometheus and are unknown (null) until the asset has run."""
     stored = overview_nodes(conn, cluster)
     if not stored:
         return None

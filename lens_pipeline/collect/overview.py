@@ -129,15 +129,16 @@ def juicefs_inode_capacity(total: float, used: float) -> float | None:
 
 @dataclass(frozen=True)
 class StorageVolume:
-    """One JuiceFS volume's figures from Prometheus: bytes, inodes, bytes per second."""
+    """One JuiceFS volume's figures from Prometheus: bytes, inodes, bytes per second. None: unknown
+    (a volume without quota has no capacity to measure usage against; a volume without series has
+    no figure at all)."""
 
-    # None: unknown (a volume without quota has no capacity to measure usage against).
     total_space: float | None = 0.0
-    used_space: float = 0.0
+    used_space: float | None = 0.0
     total_inodes: float | None = 0.0
-    used_inodes: float = 0.0
-    read_bandwidth: float = 0.0
-    write_bandwidth: float = 0.0
+    used_inodes: float | None = 0.0
+    read_bandwidth: float | None = 0.0
+    write_bandwidth: float | None = 0.0
 
 
 def _total(values: Iterable[float | None]) -> float | None:
@@ -145,19 +146,18 @@ def _total(values: Iterable[float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
-def _percentage(used: float, total: float | None) -> float | None:
-    if total is None:
+def _percentage(used: float | None, total: float | None) -> float | None:
+    if total is None or used is None:
         return None
     return 100.0 * used / total if total else 0.0
 
 
 def storage_figures(volumes: Iterable[StorageVolume]) -> dict[str, float | None]:
-    """Every volume added up (the original took the newest `storage` row only). A capacity that one
-    volume lacks makes the total and its percentage unknown: a sum over some volumes is not the
-    cluster's."""
+    """Every volume added up (the original took the newest `storage` row only). A figure that one
+    volume lacks makes the cluster's unknown: a sum over some volumes is not the cluster's."""
     volumes = list(volumes)
-    space, used = _total(v.total_space for v in volumes), sum(v.used_space for v in volumes)
-    inodes, used_inodes = _total(v.total_inodes for v in volumes), sum(v.used_inodes for v in volumes)
+    space, used = _total(v.total_space for v in volumes), _total(v.used_space for v in volumes)
+    inodes, used_inodes = _total(v.total_inodes for v in volumes), _total(v.used_inodes for v in volumes)
     return {
         "storage_total_space": space,
         "storage_used_space": used,
@@ -165,8 +165,8 @@ def storage_figures(volumes: Iterable[StorageVolume]) -> dict[str, float | None]
         "storage_total_inodes": inodes,
         "storage_used_inodes": used_inodes,
         "storage_inodes_usage_percentage": _percentage(used_inodes, inodes),
-        "storage_read_bandwidth": sum(v.read_bandwidth for v in volumes),
-        "storage_write_bandwidth": sum(v.write_bandwidth for v in volumes),
+        "storage_read_bandwidth": _total(v.read_bandwidth for v in volumes),
+        "storage_write_bandwidth": _total(v.write_bandwidth for v in volumes),
     }
 
 
@@ -175,14 +175,15 @@ def overview_row(
     *,
     utilization: float | None,
     storage: Mapping[str, float | None] | None = None,
-    rdma: tuple[float, float] = (0.0, 0.0),
+    rdma: tuple[float | None, float | None] = (None, None),
 ) -> dict[str, float | None]:
-    """One `cluster_overview_cache` row's figures (no cluster name, no times)."""
+    """One `cluster_overview_cache` row's figures (no cluster name, no times). Storage and RDMA
+    figures not given are unknown (NULL): only Prometheus knows them."""
     rx, tx = rdma
     return {
         **node_figures(nodes),
         "utilization": utilization,
-        **(storage if storage is not None else storage_figures(())),
+        **(storage if storage is not None else dict.fromkeys(STORAGE_FIGURES)),
         "rdma_total_rx": rx,
         "rdma_total_tx": tx,
     }

@@ -19,6 +19,8 @@ from lens_pipeline.retry import PROM_REQUEST, PROM_RETRIES
 # How far back the metric and label names are looked up: recent enough that what was renamed or
 # removed is not seen, long enough for a few scrapes of a slow scrape interval.
 LOOKBACK_SECONDS = 600.0
+# The label `series_counts` tags each selector's count with (no exporter writes it).
+SELECTOR_TAG = "lens_selector"
 
 
 # Examples of skipped samples kept per reader (the count has no limit).
@@ -198,6 +200,18 @@ class PromReader:
         if not isinstance(names, list):
             raise PromError(self.cluster, query, f"malformed response: {names!r:.200}")
         return {str(n) for n in names}
+
+    def series_counts(self, selectors: Sequence[str]) -> dict[str, float]:
+        """How many series each selector has now (0 for none), in one instant query: each count
+        tagged with its selector's position by `label_replace`, joined by `or`."""
+        if not selectors:
+            return {}
+        tagged = " or ".join(
+            f'label_replace(count({selector}), "{SELECTOR_TAG}", "{i}", "", "")'
+            for i, selector in enumerate(selectors)
+        )
+        counts = {s.labels.get(SELECTOR_TAG): s.value for s in self.vector(tagged)}
+        return {selector: counts.get(str(i), 0.0) for i, selector in enumerate(selectors)}
 
     def pod_is_targets(self, metric: str, pod_label: str) -> bool:
         """Whether every series of `metric` carries the `pod_label` of its scrape target (the same

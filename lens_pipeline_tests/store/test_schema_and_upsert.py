@@ -6,13 +6,28 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from alembic import command
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
+from lens_pipeline.collect.overview import NODE_COUNTS, RDMA_FIGURES, STORAGE_FIGURES
 from lens_pipeline.store.db import get_engine, write_transaction
-from lens_pipeline.store.migrate import current_revision, ensure_schema, head_revision, upgrade
-from lens_pipeline.store.schema import LENS_TABLES, SAFE_TABLES, logical_key, node, node_statistic
+from lens_pipeline.store.migrate import (
+    alembic_config,
+    current_revision,
+    ensure_schema,
+    head_revision,
+    upgrade,
+)
+from lens_pipeline.store.schema import (
+    LENS_TABLES,
+    SAFE_TABLES,
+    cluster_overview_cache,
+    logical_key,
+    node,
+    node_statistic,
+)
 from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
 from lens_pipeline_tests.conftest import _server_database
 
@@ -49,6 +64,56 @@ def test_migrations_create_every_table_with_its_unique_key(db_urls):
             assert logical_key(table) in uniques + unique_indexes, (name, uniques, unique_indexes)
             if database == "lens":
                 assert "cluster_name" in {c["name"] for c in inspector.get_columns(name)}
+
+
+def _nullable(engine, table: str) -> dict[str, bool]:
+    return {c["name"]: c["nullable"] for c in inspect(engine).get_columns(table)}
+
+
+def test_overview_figures_that_may_be_unknown_become_nullable_keeping_stored_rows(lens_url):
+    """Migration 0011 on a database holding an overview row: every column is then as nullable as the
+    model says, the row keeps its figures, unknown (NULL) can be stored after it, and going back
+    turns NULL into the 0 the old columns required."""
+    engine = get_engine(lens_url)
+    upgrade(engine, "lens", "0010_lens")
+    before = _nullable(engine, "cluster_overview_cache")
+    old_row = {
+        "cluster_name": "c1",
+        **{c.name: 7.5 for c in cluster_overview_cache.columns if c.name not in ("id", "cluster_name")},
+        **{figure: 0 for figure in NODE_COUNTS},
+        "created_at": T0,
+        "updated_at": T0,
+    }
+    with write_transaction(engine) as conn:
+        conn.execute(cluster_overview_cache.insert(), [old_row])
+    upgrade(engine, "lens")
+    after = _nullable(engine, "cluster_overview_cache")
+    assert after == {c.name: c.nullable for c in cluster_overview_cache.columns}
+    newly = sorted(name for name, nullable in after.items() if nullable and not before[name])
+    assert newly and set(newly) <= {*STORAGE_FIGURES, *RDMA_FIGURES}
+    with write_transaction(engine) as conn:
+        conn.execute(
+            cluster_overview_cache.insert(), [{**old_row, "cluster_name": "c2", **dict.fromkeys(newly)}]
+        )
+    stored = {r["cluster_name"]: r for r in rows(engine, cluster_overview_cache)}
+    assert {f: stored["c1"][f] for f in newly} == dict.fromkeys(newly, 7.5)
+    assert {f: stored["c2"][f] for f in newly} == dict.fromkeys(newly)
+
+    with engine.connect() as connection:
+        config = alembic_config("lens")
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0010_lens")
+        connection.commit()
+    assert _nullable(engine, "cluster_overview_cache") == before
+    stored = {r["cluster_name"]: r for r in rows(engine, cluster_overview_cache)}
+    assert {f: stored["c2"][f] for f in newly} == dict.fromkeys(newly, 0)
+    upgrade(engine, "lens")
+    assert current_revision(engine, "lens") == head_revision("lens")
+
+
+def rows(engine, t) -> list[dict]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(select(t)).mappings()]
 
 
 def test_unique_key_is_enforced_by_the_database(lens_url):

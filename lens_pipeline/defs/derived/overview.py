@@ -43,9 +43,11 @@ from lens_pipeline.vendors import JUICEFS, Dialect
 def prometheus_figures(
     prom: PromReader, dialect: Dialect, volumes: list[str], window: str, capacities: Mapping[str, float]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Utilization (0-100, None without any GPU series), the storage figures of `volumes` and RDMA
-    traffic: one grouped query per figure, whatever the number of nodes and volumes. Also the
-    volumes whose capacity is unknown (no quota, and none in the registry's `capacities`)."""
+    """Utilization (0-100), the storage figures of `volumes` and RDMA traffic: one grouped query
+    per figure, whatever the number of nodes and volumes. A figure no series measures is unknown
+    (None): utilization without GPU series, RDMA without InfiniBand counters, a volume's figure
+    without its series. Also the volumes whose capacity is unknown (no quota, and none in the
+    registry's `capacities`)."""
     total = count = 0.0
     for profile in dialect.profiles:
         sum_query, count_query = profile.utilization_sum_queries()
@@ -59,11 +61,13 @@ def prometheus_figures(
     stored, uncapped = [], []
     for volume in volumes:
         seen = {name: values.get(volume) for name, values in figures.items()}
-        used, used_inodes = seen["used_space"] or 0.0, seen["used_inodes"] or 0.0
+        used, used_inodes = seen["used_space"], seen["used_inodes"]
         space = capacities.get(volume)
         if space is None and seen["total_space"] is not None:
-            space = juicefs_space_capacity(seen["total_space"], used)
-        inodes = juicefs_inode_capacity(seen["total_inodes"], used_inodes) if seen["total_inodes"] else None
+            space = juicefs_space_capacity(seen["total_space"], used or 0.0)
+        inodes = (
+            juicefs_inode_capacity(seen["total_inodes"], used_inodes or 0.0) if seen["total_inodes"] else None
+        )
         if space is None:
             uncapped.append(volume)
         stored.append(
@@ -72,19 +76,24 @@ def prometheus_figures(
                 used_space=used,
                 total_inodes=inodes,
                 used_inodes=used_inodes,
-                read_bandwidth=seen["read_bandwidth"] or 0.0,
-                write_bandwidth=seen["write_bandwidth"] or 0.0,
+                read_bandwidth=seen["read_bandwidth"],
+                write_bandwidth=seen["write_bandwidth"],
             )
         )
-    rx_query, tx_query = dialect.nic.traffic_queries(window)
-    rx = sum(s.value for s in prom.vector(rx_query))
-    tx = sum(s.value for s in prom.vector(tx_query))
+    rx, tx = (_sum_or_unknown(prom, query) for query in dialect.nic.traffic_queries(window))
     return {
         "utilization": total / count if count else None,
         **storage_figures(stored),
         "rdma_total_rx": rx,
         "rdma_total_tx": tx,
     }, uncapped
+
+
+def _sum_or_unknown(prom: PromReader, query: str) -> float | None:
+    """The value of a `sum(...)` query, None when it has no series to add up (Prometheus answers
+    nothing, not 0)."""
+    samples = prom.vector(query)
+    return sum(s.value for s in samples) if samples else None
 
 
 @cluster_view(

@@ -38,8 +38,9 @@ WINDOW = timedelta(hours=3)
 
 
 def percent(value: float | None) -> Decimal | None:
-    """A percentage as SaFE's DECIMAL(5,2) holds it."""
-    if value is None:
+    """A percentage as SaFE's DECIMAL(5,2) holds it; None when unknown or not a percentage (NaN,
+    1e6: a broken counter would overflow the column and fail the cluster's whole write)."""
+    if value is None or not 0.0 <= value <= 100.0:
         return None
     return Decimal(str(value)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
 
