@@ -55,9 +55,18 @@ class GpuSeries:
         return {row["node_name"] for row in self.rows} | {node for node, _ in self.duplicated}
 
 
+# A GPU index is a small whole number; a label past it is no index (and would not fit its column).
+MAX_GPU_INDEX_DIGITS = 6
+
+
 def _gpu_index(labels: Labels, profile: VendorProfile) -> int | None:
+    """The series' GPU index; None when the label is absent or no plain decimal number ("²" and
+    other scripts' digits pass `str.isdigit` but not `int`)."""
     index = labels.get(profile.gpu_index_label)
-    return int(index) if index is not None and str(index).isdigit() else None
+    text = str(index) if index is not None else ""
+    if text.isascii() and text.isdigit() and len(text) <= MAX_GPU_INDEX_DIGITS:
+        return int(text)
+    return None
 
 
 def _gpu_key(labels: Labels, profile: VendorProfile, nodes: NodeIndex) -> tuple[str, int] | None:

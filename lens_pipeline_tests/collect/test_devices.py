@@ -197,3 +197,15 @@ def test_amd_default_labels_name_the_model_by_the_node_product_label_then_card_m
     assert "card_model" in AMD.identity_query()
     rows = gpu_device_rows(AMD, identity, {}, {"n1": "AMD_Instinct_MI300X_OAM"}, NODES).rows
     assert [r["gpu_model"] for r in rows] == ["AMD_Instinct_MI300X_OAM", "102-G30211-00"]
+
+
+def test_an_index_label_that_is_no_plain_number_is_no_index():
+    """ "²" and other scripts' digits pass `str.isdigit` but not `int`; a 20-digit index fits no
+    column: each is a series without a GPU index (counted by the asset), never an exception."""
+    identity = [
+        ({"hostname": "n1", "gpu_id": index, "serial_number": f"S{n}"}, 1.0)
+        for n, index in enumerate(["²", "٣", "99999999999999999999", "-1", " 1", "3"])
+    ]
+    found = gpu_device_rows(AMD, identity, {}, {}, NODES)
+    assert [(r["gpu_id"], r["serial"]) for r in found.rows] == [(3, "S5")]
+    assert len(found.without_index) == 5
