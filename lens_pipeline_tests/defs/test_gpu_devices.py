@@ -11,7 +11,7 @@ from decimal import Decimal
 import pytest
 from dagster import instance_for_test
 
-from lens_pipeline.defs.derived.safe import percent
+from lens_pipeline.collect.safe import percent
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, SafeDatabase
 from lens_pipeline.sim.dialects import ExporterDialect

@@ -8,14 +8,18 @@ named "default", §10.11):
   (workload_id, statistic_type "3h").
 """
 
-from datetime import UTC, datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from datetime import UTC, datetime
 
 from dagster import MaterializeResult
 
 from lens_pipeline.collect.problems import MalformedObject, Problem
-from lens_pipeline.collect.stored import stored_count, stored_figure, stored_mapping, stored_text
+from lens_pipeline.collect.safe import (
+    SAFE_GROUP_VERSION,
+    WINDOW,
+    node_statistic_row,
+    usage_within_bounds,
+    workload_statistic_row,
+)
 from lens_pipeline.defs.collectors.common import ClusterTurn, check
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import sync_metadata
@@ -31,19 +35,6 @@ from lens_pipeline.store.statistics import (
     write_workload_statistics,
 )
 
-SAFE_GROUP_VERSION = "amd.com/v1"
-SAFE_CLUSTER_LABEL = "primus-safe.cluster.id"
-STATISTIC_TYPE = "3h"
-WINDOW = timedelta(hours=3)
-
-
-def percent(value: float | None) -> Decimal | None:
-    """A percentage as SaFE's DECIMAL(5,2) holds it; None when unknown or not a percentage (NaN,
-    1e6: a broken counter would overflow the column and fail the cluster's whole write)."""
-    if value is None or not 0.0 <= value <= 100.0:
-        return None
-    return Decimal(str(value)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-
 
 @cluster_view(
     description="SaFE `node_statistic`: every GPU node's utilization, by (cluster, node_name).",
@@ -58,12 +49,11 @@ def safe_node_statistic(turn: ClusterTurn) -> MaterializeResult:
     rows, malformed = [], []
     for node in nodes:
         try:
-            utilization = percent(stored_figure(node, "gpu_utilization", 0.0, 100.0))
+            rows.append(node_statistic_row(node))
         except MalformedObject as exc:
             # Still a GPU node: its row stays, its utilization unknown (DECIMAL(5,2) holds no other).
             malformed.append(Problem("node", str(node["name"]), str(exc)))
-            utilization = None
-        rows.append({"node_name": node["name"], "gpu_utilization": utilization})
+            rows.append({"node_name": node["name"], "gpu_utilization": None})
     with write_transaction(turn.safe_db.engine()) as conn:
         result = write_node_statistics(conn, cluster.name, rows, now=now)
     live = len(result.inserted) + len(result.updated) + result.unchanged
@@ -74,34 +64,6 @@ def safe_node_statistic(turn: ClusterTurn) -> MaterializeResult:
             rows_readable_check(turn, malformed),
         ],
     )
-
-
-def safe_workload_row(
-    workload: dict[str, Any], hours: list[dict[str, Any]], cluster: str
-) -> dict[str, Any] | None:
-    """A SaFE Workload's 3-hour figures from its hourly rows; None while it has no utilization yet
-    (SaFE shows "unknown", -1, as the original did)."""
-    samples = [(stored_count(h, "sample_count"), h) for h in hours]
-    samples = [(n, h) for n, h in samples if n]
-    if not samples:
-        return None
-    count = sum(n for n, _ in samples)
-    total = sum(stored_figure(h, "total_sum", 0.0) or 0.0 for _, h in samples)
-    peaks = [stored_figure(h, "max_utilization") for _, h in samples]
-    if None in peaks:
-        raise MalformedObject("max_utilization should be a number: the hour has samples")
-    peak = max(p for p in peaks if p is not None)
-    return {
-        "workload_id": stored_text(workload, "name"),
-        "statistic_type": STATISTIC_TYPE,
-        "workload_uid": workload["uid"],
-        "cluster": stored_mapping(workload, "labels").get(SAFE_CLUSTER_LABEL) or cluster,
-        "workspace": stored_text(workload, "namespace"),
-        # Weighted by samples (the original averaged the hourly averages).
-        "avg_gpu_usage_3h": percent(total / count),
-        "max_gpu_usage_3h": percent(peak),
-        "data_points_count": count,
-    }
 
 
 @cluster_view(
@@ -131,14 +93,14 @@ def safe_workload_statistic(turn: ClusterTurn) -> MaterializeResult:
     rows, malformed = [], []
     for workload in workloads:
         try:
-            row = safe_workload_row(workload, by_uid.get(workload["uid"], []), cluster.name)
+            row = workload_statistic_row(workload, by_uid.get(workload["uid"], []), cluster.name)
         except MalformedObject as exc:  # a stored row that is not what its columns hold
             malformed.append(Problem("workload", f"{workload.get('name')} {workload['uid']}", str(exc)))
             continue
         if row is not None:
             rows.append(row)
     # Figures SaFE's DECIMAL(5,2) percentages cannot hold are not written: the check names them.
-    bad = [r["workload_id"] for r in rows if not (0 <= r["avg_gpu_usage_3h"] <= r["max_gpu_usage_3h"] <= 100)]
+    bad = [r["workload_id"] for r in rows if not usage_within_bounds(r)]
     rows = [r for r in rows if r["workload_id"] not in bad]
     with write_transaction(turn.safe_db.engine()) as conn:
         written = write_workload_statistics(conn, rows, now=now)
