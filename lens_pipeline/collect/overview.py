@@ -8,7 +8,7 @@ allocation rate is over healthy nodes; storage and RDMA figures add up every vol
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,3 +213,34 @@ def api_overview(row: Mapping[str, Any]) -> dict[str, Any]:
         "allocationRate": row["allocation_rate"],
         "utilization": row["utilization"],
     }
+
+
+def juicefs_volumes(
+    volumes: Sequence[str], figures: Mapping[str, Mapping[str, float]], capacities: Mapping[str, float]
+) -> tuple[list[StorageVolume], list[str]]:
+    """Each JuiceFS volume's figures from the grouped answers (`figures`: figure name -> volume ->
+    value; a volume absent from an answer has that figure unknown), with the registry's
+    `capacities` winning over the reported ones; and the volumes whose capacity is unknown (no
+    quota: JuiceFS then reports a synthetic total, which is not a capacity)."""
+    stored, uncapped = [], []
+    for volume in volumes:
+        seen = {name: values.get(volume) for name, values in figures.items()}
+        used, used_inodes = seen.get("used_space"), seen.get("used_inodes")
+        space = capacities.get(volume)
+        reported_space, reported_inodes = seen.get("total_space"), seen.get("total_inodes")
+        if space is None and reported_space is not None:
+            space = juicefs_space_capacity(reported_space, used or 0.0)
+        inodes = juicefs_inode_capacity(reported_inodes, used_inodes or 0.0) if reported_inodes else None
+        if space is None:
+            uncapped.append(volume)
+        stored.append(
+            StorageVolume(
+                total_space=space,
+                used_space=used,
+                total_inodes=inodes,
+                used_inodes=used_inodes,
+                read_bandwidth=seen.get("read_bandwidth"),
+                write_bandwidth=seen.get("write_bandwidth"),
+            )
+        )
+    return stored, uncapped

@@ -16,9 +16,7 @@ from lens_pipeline.collect.overview import (
     NODE_COUNTS,
     RDMA_FIGURES,
     STORAGE_FIGURES,
-    StorageVolume,
-    juicefs_inode_capacity,
-    juicefs_space_capacity,
+    juicefs_volumes,
     overview_row,
     readable_nodes,
     storage_figures,
@@ -58,28 +56,7 @@ def prometheus_figures(
     if volumes:
         for name, query in queries.items():
             figures[name] = {s.labels.get(JUICEFS.volume_label, ""): s.value for s in prom.vector(query)}
-    stored, uncapped = [], []
-    for volume in volumes:
-        seen = {name: values.get(volume) for name, values in figures.items()}
-        used, used_inodes = seen["used_space"], seen["used_inodes"]
-        space = capacities.get(volume)
-        if space is None and seen["total_space"] is not None:
-            space = juicefs_space_capacity(seen["total_space"], used or 0.0)
-        inodes = (
-            juicefs_inode_capacity(seen["total_inodes"], used_inodes or 0.0) if seen["total_inodes"] else None
-        )
-        if space is None:
-            uncapped.append(volume)
-        stored.append(
-            StorageVolume(
-                total_space=space,
-                used_space=used,
-                total_inodes=inodes,
-                used_inodes=used_inodes,
-                read_bandwidth=seen["read_bandwidth"],
-                write_bandwidth=seen["write_bandwidth"],
-            )
-        )
+    stored, uncapped = juicefs_volumes(volumes, figures, capacities)
     rx, tx = (_sum_or_unknown(prom, query) for query in dialect.nic.traffic_queries(window))
     return {
         "utilization": total / count if count else None,
