@@ -150,7 +150,8 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
+    # Run processes a stopped demo leaves finishing may still write under it: cleanup tolerates them.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         state = Path(tmp)
         lens = Path(sys.executable).with_name("lens")
         command = [str(lens), "demo", "--clusters", str(args.clusters), "--nodes", str(args.nodes)]

@@ -286,6 +286,10 @@ def _demo(args: argparse.Namespace) -> int:
     }
     os.environ.update(env)
     _db_upgrade("both", "head")
+    # `dagster dev` warns that `dg dev` supersedes it; `dg` needs a dg project layout this package
+    # does not have, and the warning is the only line a newcomer would read in dagster.log.
+    warnings = [w for w in (os.environ.get("PYTHONWARNINGS"), DAGSTER_DEV_SUPERSEDED) if w]
+    dev_env = {**env, "PYTHONWARNINGS": ",".join(warnings)}
     dagster = Path(sys.executable).with_name("dagster")
     command = [
         str(dagster) if dagster.exists() else "dagster",
@@ -304,7 +308,7 @@ def _demo(args: argparse.Namespace) -> int:
     # it is not used.
     process = subprocess.Popen(
         command,
-        env=env,
+        env=dev_env,
         cwd=home,
         start_new_session=True,
         stdout=_log(logs["dagster"]),
@@ -481,6 +485,10 @@ def _feed_agents(fleet: object, grpc_port: int, http_port: int, stopped: threadi
         except OSError:
             stopped.wait(0.5)
     feed_forever(fleet, f"127.0.0.1:{grpc_port}", 10.0, stopped)  # type: ignore[arg-type]
+
+
+# A -W filter: the action, then the start of the message (matched case-insensitively).
+DAGSTER_DEV_SUPERSEDED = "ignore:Function `dev_command` is superseded"
 
 
 def _stop_process_tree(process: subprocess.Popen) -> None:

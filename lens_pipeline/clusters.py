@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from lens_pipeline.vendors import ExporterOverrides
+from lens_pipeline.vendors import ExporterOverrides, exporter_metric_names
 
 # A DNS-1123 label: also keeps `,` and `|` out of partition keys, which break Dagster backfills.
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -28,6 +28,7 @@ _KUBECONFIG_SUFFIXES = (".yaml", ".yml", ".kubeconfig", ".conf", ".json")
 # A Prometheus label name.
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 _METRIC_PREFIX = r"^([a-zA-Z_:][a-zA-Z0-9_:]*)?$"
+_METRIC_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 
 
 class ExporterSettings(BaseModel):
@@ -45,6 +46,22 @@ class ExporterSettings(BaseModel):
     pod_label: str | None = Field(default=None, pattern=_LABEL_NAME, description="GPU series: pod label")
     namespace_label: str | None = Field(default=None, pattern=_LABEL_NAME)
     nic_node_label: str | None = Field(default=None, pattern=_LABEL_NAME, description="InfiniBand series")
+
+    @field_validator("metric_names")
+    @classmethod
+    def _known_metrics(cls, names: dict[str, str]) -> dict[str, str]:
+        """A misspelt key would rename nothing, silently: only the metrics the profiles read."""
+        known = exporter_metric_names()
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown metric {', '.join(map(repr, unknown))}; the shipped names that can be renamed "
+                f"are {', '.join(sorted(known))}"
+            )
+        bad = sorted(v for v in names.values() if not re.fullmatch(_METRIC_NAME, v))
+        if bad:
+            raise ValueError(f"not a Prometheus metric name: {', '.join(map(repr, bad))}")
+        return names
 
     def overrides(self) -> ExporterOverrides:
         return ExporterOverrides(

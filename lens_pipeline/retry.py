@@ -42,8 +42,24 @@ class Backoff:
 
 # The log writer retries a commit until the database is back (nothing is acknowledged meanwhile).
 LOG_COMMIT = Backoff(first=0.1, factor=2.0, cap=5.0)
-# A Kubernetes GET that met a transient error (5xx, 429, refused, timeout): `max_retries` of these.
+# A Kubernetes GET that met a transient error (5xx, 429, refused, timeout): KUBE_RETRIES of these
+# (`KubernetesResource.max_retries`).
 KUBE_REQUEST = Backoff(first=0.5, factor=2.0, cap=8.0)
-# A Prometheus query that met a gateway error (429, 502, 503, 504): `PromReader.retries` of these,
-# waited by urllib3 (its factor, cap and jitter are these).
+KUBE_RETRIES = 3
+# A Prometheus query that met a gateway error (429, 502, 503, 504): PROM_RETRIES of these
+# (`PromReader.retries`), waited by urllib3 (its factor, cap and jitter are these).
 PROM_REQUEST = Backoff(first=0.2, factor=2.0, cap=2.0)
+PROM_RETRIES = 2
+
+# The layers above the readers retry whole attempts, so their budgets multiply (docs/OPERATIONS.md
+# states the product); each covers what the one below cannot.
+# A Dagster step (the cluster assets of a run, `container_events`) that raised: Dagster runs it
+# OP_RETRIES more times, by the RetryPolicy defs builds from these figures. Dagster's own formula
+# waits OP_RETRY_DELAY x (2^n - 1), plus or minus OP_RETRY_DELAY: 0-4 s, then 4-8 s.
+OP_RETRIES = 2
+OP_RETRY_DELAY = 2.0
+# A Dagster run whose worker died (evicted, out of memory), not one whose step failed (the step's
+# retries, the schedule and the events sensor cover that): the daemon launches it RUN_RETRIES more
+# times (the run tags `dagster/max_retries` and `dagster/retry_on_asset_or_op_failure: false` of
+# every lens job, defs/run_tags.py; a test holds them together).
+RUN_RETRIES = 1

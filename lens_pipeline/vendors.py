@@ -10,8 +10,9 @@ the metric and label names it holds and the registry's overrides.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 # Labels that a scrape config commonly adds to name the node a target runs on: Prometheus'
 # Kubernetes discovery relabelled (`node`, `kubernetes_node`, `nodename`) or the original's vmagent
@@ -35,31 +36,41 @@ class VendorProfile:
     node_label: str  # exporter label holding the Kubernetes node name
     gpu_index_label: str
     serial_label: str  # exporter label identifying the card (serial number or UUID)
-    model_label: str  # exporter label naming the model
+    model_label: str  # exporter label naming the model (its market name)
     # Exporter labels naming the pod (and its namespace) a GPU is allocated to.
     pod_label: str = "pod"
     namespace_label: str = "namespace"
     # Per-GPU figures of `gpu_device`: figure -> metric. Memory in MB; NVIDIA reports used and free
-    # (and, since dcgm-exporter 3.3, reserved).
+    # (and, since dcgm-exporter 4.3.1-4.4.0, reserved).
     device_metrics: dict[str, str] = field(default_factory=dict)
     # Older spellings of the driver version: node labels whose values joined with "." make it
-    # (GPU feature discovery before v0.9 labelled `cuda.driver.major/minor/rev` only).
+    # (GPU feature discovery before k8s-device-plugin v0.15.0 labelled `cuda.driver.major/minor/rev`
+    # only; `cuda.driver-version.full` came with v0.15.0).
     driver_version_parts: tuple[str, ...] = ()
-    # Other spellings of labels in exporter releases and options: dcgm-exporter renamed `Hostname`
-    # to `hostname` (#655), and `--use-old-namespace` writes `uuid`, `pod_name`, `pod_namespace`.
+    # Other spellings of labels in exporter releases and options: dcgm-exporter's `Hostname` is
+    # `hostname` on its main branch (#655, commit d5e5f51, after 4.5.3-4.8.2 and in no release tag
+    # yet): both are read. `--use-old-namespace` writes `uuid`, `pod_name`, `pod_namespace`.
     node_label_aliases: tuple[str, ...] = ()
     serial_label_aliases: tuple[str, ...] = ()
     pod_label_aliases: tuple[tuple[str, str], ...] = ()  # (pod, namespace) pairs
+    # Labels naming the model otherwise, read only when neither `model_label` nor the node's
+    # product label does (AMD's `card_model`, a board part number, is what its default labels have).
+    model_label_fallbacks: tuple[str, ...] = ()
     # Figures some models report under another metric (AMD MI2xx: edge temperature, average power).
     figure_fallbacks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # The metric prefix this cluster's exporter was configured with ('' as shipped).
     metric_prefix: str = ""
 
+    def measured(self, selector: str) -> str:
+        """`selector`'s utilization series that hold a percentage: a GPU whose exporter reports NaN
+        (it could not read the counter) or a value outside 0-100 (a broken counter) is left out of
+        means, sums and counts rather than making them NaN, 0 or absurd. (NaN fails every
+        comparison; chained comparisons filter in turn.)"""
+        return f"{selector} >= 0 <= 100"
+
     @property
     def measured_util(self) -> str:
-        """The utilization series with a number in them: a GPU whose exporter reports NaN (it could
-        not read the counter) is left out of means and sums rather than making them NaN or 0."""
-        return f"{self.util_metric} >= 0"
+        return self.measured(self.util_metric)
 
     def node_utilization_query(self) -> str:
         """One grouped query for every node's mean GPU utilization (never one query per node)."""
@@ -67,7 +78,15 @@ class VendorProfile:
 
     def identity_query(self) -> str:
         """Every GPU with its identity labels and utilization, in one query."""
-        labels = ", ".join((self.node_label, self.gpu_index_label, self.serial_label, self.model_label))
+        labels = ", ".join(
+            (
+                self.node_label,
+                self.gpu_index_label,
+                self.serial_label,
+                self.model_label,
+                *self.model_label_fallbacks,
+            )
+        )
         return f"max by ({labels}) ({self.util_metric})"
 
     def series_per_node_query(self) -> str:
@@ -93,10 +112,9 @@ class VendorProfile:
     def pod_utilization_queries(self, idle_below: float) -> tuple[str, str, str]:
         """Per pod (the exporters label a GPU with the pod holding it): the sum of its GPUs'
         utilization, their count, and how many of them are under `idle_below` percent."""
-        held = f'{self.util_metric}{{{self.pod_label}!=""}}'
+        held = self.measured(f'{self.util_metric}{{{self.pod_label}!=""}}')
         by = f"by ({self.namespace_label}, {self.pod_label})"
-        # `>= 0` and `<` both leave NaN (a GPU the exporter could not read) out.
-        return f"sum {by} ({held} >= 0)", f"count {by} ({held} >= 0)", f"count {by} ({held} < {idle_below:g})"
+        return f"sum {by} ({held})", f"count {by} ({held})", f"count {by} ({held} < {idle_below:g})"
 
     def capacity_query(self) -> str:
         """How many GPUs the exporters report (a GPU whose utilization reads NaN is still there)."""
@@ -141,7 +159,10 @@ AMD = VendorProfile(
     node_label="hostname",
     gpu_index_label="gpu_id",
     serial_label="serial_number",
+    # `card_series` (the market name, what amd-smi calls it) is an optional label; the exporter's
+    # mandatory ones (gpuMandatoryLables) name the model only by `card_model`.
     model_label="card_series",
+    model_label_fallbacks=("card_model",),
     device_metrics={
         "temperature": "gpu_junction_temperature",
         "power": "gpu_package_power",
@@ -183,6 +204,22 @@ NVIDIA = VendorProfile(
 )
 
 PROFILES: dict[str, VendorProfile] = {p.name: p for p in (AMD, NVIDIA)}
+
+
+def exporter_metric_names() -> frozenset[str]:
+    """Every GPU exporter metric a profile reads, by its shipped name (what the registry's
+    `metric_names` may rename)."""
+    return frozenset(
+        name
+        for p in PROFILES.values()
+        for name in (
+            p.util_metric,
+            *p.device_metrics.values(),
+            *(m for ms in p.figure_fallbacks.values() for m in ms),
+        )
+    )
+
+
 # Figures an exporter release may lack without anything being wrong: dcgm-exporter exports the
 # reserved framebuffer since 4.3.1-4.4.0 (before, memory is used + free, short of the reserve).
 OPTIONAL_FIGURES = frozenset({"vram_reserved"})
@@ -296,36 +333,80 @@ class Dialect:
         return {**self.found, **({"missing": "; ".join(self.missing)} if self.missing else {})}
 
 
-def _prefix_of(metric: str, names: Iterable[str]) -> str | None:
-    """The prefix under which `metric` is in `names` ('' when as shipped), the shortest if several."""
-    found = sorted((n[: -len(metric)] for n in names if n.endswith(metric)), key=lambda p: (len(p), p))
-    return found[0] if found else None
+# Current series per selector (`metric` or `metric{label!=""}`), as `series_counts` answers them:
+# what tells a name in use now from one Prometheus still lists for its lookback window (an exporter
+# upgraded minutes ago, a prefix just set, a relabelling just removed). Absent: not asked.
+Current = Mapping[str, float]
 
 
-def _prefix(profile: VendorProfile, names: set[str], overrides: ExporterOverrides) -> str:
+def label_selector(metric: str, label: str) -> str:
+    """The series of `metric` that carry `label` (what `Current` counts for a label candidate)."""
+    return f'{metric}{{{label}!=""}}'
+
+
+def _candidates(preferred: Iterable[str | None], present: Iterable[str]) -> list[str]:
+    """The names of `preferred` that are `present`, in order of preference, each once."""
+    present = set(present)
+    return [c for c in dict.fromkeys(preferred) if c and c in present]
+
+
+def _choose(candidates: list[str], selector: Callable[[str], str], current: Current) -> str | None:
+    """The candidate with the most current series (`current[selector(candidate)]`), the earlier on a
+    tie; `instance` only when no other has any (it is on every series, and says the least). When
+    nothing was asked, or no candidate has current series, the first: what the names alone say."""
+    counted = [c for c in candidates if selector(c) in current]
+    named = [c for c in counted if c != INSTANCE and current[selector(c)] > 0]
+    if named:
+        return max(named, key=lambda c: (current[selector(c)], -candidates.index(c)))
+    if INSTANCE in counted and current[selector(INSTANCE)] > 0:
+        return INSTANCE
+    return candidates[0] if candidates else None
+
+
+def _prefixes_of(metric: str, names: Iterable[str]) -> list[str]:
+    """The prefixes under which `metric` is in `names` ('' when as shipped), shortest first."""
+    return sorted((n[: -len(metric)] for n in names if n.endswith(metric)), key=lambda p: (len(p), p))
+
+
+def _prefix(profile: VendorProfile, names: set[str], overrides: ExporterOverrides, current: Current) -> str:
     if overrides.metric_prefix is not None:
         return overrides.metric_prefix
     if profile.util_metric in overrides.metric_names:
         return ""
-    return _prefix_of(profile.util_metric, names) or ""
+    found = _prefixes_of(profile.util_metric, names)
+    return _choose(found, _under_prefix(profile.util_metric), current) or ""
+
+
+def _under_prefix(metric: str) -> Callable[[str], str]:
+    """prefix -> the metric's name under it (the selector counting a prefix candidate's series)."""
+    return lambda prefix: f"{prefix}{metric}"
 
 
 def _metric_name(metric: str, prefix: str, overrides: ExporterOverrides) -> str:
     return overrides.metric_names.get(metric) or f"{prefix}{metric}"
 
 
-def _first_present(candidates: Iterable[str | None], labels: Iterable[str]) -> str | None:
-    labels = set(labels)
-    return next((c for c in candidates if c and c in labels), None)
-
-
 def util_metric_name(
-    profile: VendorProfile, metric_names: Iterable[str], overrides: ExporterOverrides
+    profile: VendorProfile,
+    metric_names: Iterable[str],
+    overrides: ExporterOverrides,
+    current: Current | None = None,
 ) -> str:
     """The name of the vendor's utilization metric in this cluster's Prometheus (its shipped name
     when no prefixed or renamed one is found)."""
     names = set(metric_names)
-    return _metric_name(profile.util_metric, _prefix(profile, names, overrides), overrides)
+    return _metric_name(profile.util_metric, _prefix(profile, names, overrides, current or {}), overrides)
+
+
+def label_choices(profile: VendorProfile, label_names: Iterable[str]) -> dict[str, list[str]]:
+    """The labels present that could name, on the profile's series, the node and the card's
+    identity: in order of preference, for `learn_profile` to choose from."""
+    return {
+        "node": _candidates(
+            (profile.node_label, *profile.node_label_aliases, *NODE_LABELS, INSTANCE), label_names
+        ),
+        "serial": _candidates((profile.serial_label, *profile.serial_label_aliases), label_names),
+    }
 
 
 def learn_profile(
@@ -334,18 +415,21 @@ def learn_profile(
     label_names: Iterable[str],
     overrides: ExporterOverrides = ExporterOverrides(),
     pod_is_targets: bool = False,
+    current: Current | None = None,
 ) -> VendorProfile:
     """`profile` as the cluster's Prometheus speaks it: the metric names it has (an override, or the
     shipped name under the prefix found for the utilization metric), the label naming the node and
     the labels naming the pod holding a GPU. With metric names known, figures whose metric is
-    absent are dropped; with none (Prometheus not asked), the shipped names are kept.
+    absent are dropped; with none (Prometheus not asked), the shipped names are kept. Where more
+    than one name is present, `current` (series counts, see `Current`) picks the one in use now.
 
     `pod_is_targets` says the series' `pod` values are all their scrape targets' own (the
     exporter pods', as `up` has them): then the pod holding a GPU can only be `exported_pod`
     (honor_labels: false), even while no GPU is held and no `exported_pod` exists yet to learn
     from. Under honor_labels: true a held GPU's `pod` is the workload's, which `up` never has."""
-    names, labels = set(metric_names), set(label_names)
-    prefix = _prefix(profile, names, overrides)
+    names, labels, current = set(metric_names), set(label_names), current or {}
+    prefix = _prefix(profile, names, overrides, current)
+    util = _metric_name(profile.util_metric, prefix, overrides)
     figures = {}
     for figure, metric in profile.device_metrics.items():
         candidates = [
@@ -354,20 +438,19 @@ def learn_profile(
         chosen = next((m for m in candidates if m in names), None) if names else candidates[0]
         if chosen is not None:
             figures[figure] = chosen
-    node_label = overrides.node_label or _first_present(
-        (profile.node_label, *profile.node_label_aliases, *NODE_LABELS, INSTANCE), labels
-    )
-    serial_label = _first_present((profile.serial_label, *profile.serial_label_aliases), labels)
+    choices = label_choices(profile, labels)
+    node_label = overrides.node_label or _choose(choices["node"], partial(label_selector, util), current)
+    serial_label = _choose(choices["serial"], partial(label_selector, util), current)
     # The pod holding a GPU: renamed `exported_*` when the scrape config's own `pod` label won
-    # (honor_labels: false); the first spelling present, else the shipped one.
-    pairs = [(profile.pod_label, profile.namespace_label), *profile.pod_label_aliases]
-    pod_pairs = [(f"{EXPORTED_PREFIX}{p}", f"{EXPORTED_PREFIX}{n}") for p, n in pairs] + pairs
-    pod_label, namespace_label = next((pair for pair in pod_pairs if pair[0] in labels), pairs[0])
+    # (honor_labels: false); else an exporter's other spelling (dcgm-exporter's `pod_name`, which
+    # no target carries: beside it, `pod` is the exporter pod's); else the shipped one.
+    pod_pairs = _pod_label_pairs(profile)
+    pod_label, namespace_label = next((pair for pair in pod_pairs if pair[0] in labels), pod_pairs[-1])
     if pod_label == profile.pod_label and pod_is_targets:
         pod_label, namespace_label = pod_pairs[0]
     return replace(
         profile,
-        util_metric=_metric_name(profile.util_metric, prefix, overrides),
+        util_metric=util,
         device_metrics=figures,
         node_label=node_label or profile.node_label,
         serial_label=serial_label or profile.serial_label,
@@ -377,10 +460,26 @@ def learn_profile(
     )
 
 
-def _nic(label_names: Iterable[str], overrides: ExporterOverrides) -> NicProfile:
+def _pod_label_pairs(profile: VendorProfile) -> list[tuple[str, str]]:
+    """(pod, namespace) label pairs in order of preference: every spelling renamed `exported_*`,
+    then the exporter's other spellings, then the shipped one."""
+    pairs = [(profile.pod_label, profile.namespace_label), *profile.pod_label_aliases]
+    return [(f"{EXPORTED_PREFIX}{p}", f"{EXPORTED_PREFIX}{n}") for p, n in pairs] + pairs[1:] + pairs[:1]
+
+
+def nic_label_choices(label_names: Iterable[str]) -> list[str]:
+    """The labels present that could name the node on node_exporter's InfiniBand series."""
+    return _candidates((*NODE_LABELS, INSTANCE), label_names)
+
+
+def _nic(
+    label_names: Iterable[str], overrides: ExporterOverrides, current: Current | None = None
+) -> NicProfile:
     """node_exporter's InfiniBand series name no node: the label the scrape config added, else `instance`."""
-    node_label = overrides.nic_node_label or _first_present((*NODE_LABELS, INSTANCE), label_names)
-    return replace(INFINIBAND, node_label=node_label or INFINIBAND.node_label)
+    chosen = _choose(
+        nic_label_choices(label_names), partial(label_selector, INFINIBAND.info_metric), current or {}
+    )
+    return replace(INFINIBAND, node_label=overrides.nic_node_label or chosen or INFINIBAND.node_label)
 
 
 def describe_profile(profile: VendorProfile) -> str:
@@ -393,27 +492,62 @@ def describe_profile(profile: VendorProfile) -> str:
     )
 
 
+def _ambiguous(choices: Iterable[list[str]], selector: Callable[[str], str]) -> list[str]:
+    """The selectors to count for the choices that have more than one candidate."""
+    return [selector(c) for candidates in choices if len(candidates) > 1 for c in candidates]
+
+
 def learn_dialect(
     vendor: str,
     metric_names: Iterable[str],
     labels_of: Callable[[str], Iterable[str]],
     overrides: ExporterOverrides = ExporterOverrides(),
     pod_is_targets_of: Callable[[str, str], bool] = lambda metric, pod_label: False,
+    series_counts: Callable[[Sequence[str]], Current] = lambda selectors: {},
 ) -> Dialect:
     """The dialect of a cluster's Prometheus from its metric names and, for each exporter found, the
     label names of its series (`labels_of(metric)`, one cheap request each) and, when its `pod`
-    label could be the scrape target's, whether it is (`pod_is_targets_of(metric, pod_label)`)."""
+    label could be the scrape target's, whether it is (`pod_is_targets_of(metric, pod_label)`).
+
+    The names cover a lookback window, so a name renamed minutes ago is still among them: where
+    more than one candidate is present (two prefixes, `Hostname` and `hostname`, `node` and
+    `instance`), `series_counts(selectors)` (one instant query for all of them) says which has
+    series now. At most two such queries a run: the prefixes, then the labels."""
     names = set(metric_names)
     wanted = profiles_for(vendor)
+    guessed = [
+        p for p in wanted if overrides.metric_prefix is None and p.util_metric not in overrides.metric_names
+    ]
+    utils = [
+        selector
+        for p in guessed
+        for selector in _ambiguous([_prefixes_of(p.util_metric, names)], _under_prefix(p.util_metric))
+    ]
+    current = dict(series_counts(utils)) if utils else {}
+    found_utils = [(p, util_metric_name(p, names, overrides, current)) for p in wanted]
+    found_utils = [(p, util) for p, util in found_utils if util in names]
+    labels = {util: set(labels_of(util)) for _, util in found_utils}
+    nic_labels = set(labels_of(INFINIBAND.info_metric)) if INFINIBAND.info_metric in names else set()
+    to_count = [
+        s
+        for p, util in found_utils
+        for role, candidates in label_choices(p, labels[util]).items()
+        if not (role == "node" and overrides.node_label)
+        for s in _ambiguous([candidates], partial(label_selector, util))
+    ]
+    if not overrides.nic_node_label:
+        to_count += _ambiguous(
+            [nic_label_choices(nic_labels)], partial(label_selector, INFINIBAND.info_metric)
+        )
+    if to_count:
+        current.update(series_counts(to_count))
     learned_list = []
-    for profile in wanted:
-        util = util_metric_name(profile, names, overrides)
-        if util not in names:
-            continue
-        labels = set(labels_of(util))
-        ambiguous = profile.pod_label in labels and f"{EXPORTED_PREFIX}{profile.pod_label}" not in labels
+    for profile, util in found_utils:
+        # A `pod` beside no other spelling could be the scrape target's (honor_labels: false).
+        others = {pod for pod, _ in _pod_label_pairs(profile)} - {profile.pod_label}
+        ambiguous = profile.pod_label in labels[util] and not others & labels[util]
         from_targets = ambiguous and not overrides.pod_label and pod_is_targets_of(util, profile.pod_label)
-        learned_list.append(learn_profile(profile, names, labels, overrides, from_targets))
+        learned_list.append(learn_profile(profile, names, labels[util], overrides, from_targets, current))
     learned = tuple(learned_list)
     found = {p.name: describe_profile(p) for p in learned}
     missing = []
@@ -424,11 +558,10 @@ def learn_dialect(
         absent = sorted(set(PROFILES[p.name].device_metrics) - set(p.device_metrics) - OPTIONAL_FIGURES)
         if absent:
             missing.append(f"{p.exporter}: no series for {', '.join(absent)}")
+    nic = _nic(nic_labels, overrides, current)
     if INFINIBAND.info_metric in names:
-        nic = _nic(labels_of(INFINIBAND.info_metric), overrides)
         found["infiniband"] = f"{nic.info_metric}: node by {nic.node_label!r}"
     else:
-        nic = _nic((), overrides)
         found["infiniband"] = f"no {nic.info_metric} series (no InfiniBand NIC, or the collector is off)"
     profiles = learned or tuple(learn_profile(p, (), (), overrides) for p in wanted)
     return Dialect(profiles=profiles, nic=nic, found=found, missing=tuple(missing))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -164,16 +165,22 @@ def test_a_missing_registry_file_is_an_error(tmp_path):
 
 
 def test_the_readme_registry_example_loads_as_written(tmp_path):
-    """The README's example, with its kubeconfig in place: both clusters load with their overrides;
-    only the Secret directory, absent here, is an error."""
+    """The README's example, with the files it names in place (its kubeconfig, and the Secret
+    directory holding one of the original's ClusterConfig JSON): every cluster loads with its
+    overrides, and nothing is an error."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     example = readme.split("A registry file:\n\n```yaml\n", 1)[1].split("```", 1)[0]
     (tmp_path / "kubeconfigs").mkdir()
     _kubeconfig(tmp_path / "kubeconfigs" / "east.yaml", contexts=("east-admin",), current="east-admin")
+    (tmp_path / "multi-k8s-config").mkdir()
+    (tmp_path / "multi-k8s-config" / "prod-north").write_text(
+        json.dumps({"host": "https://10.0.0.1:6443", "bearerToken": "t0ken", "insecureSkipTLSVerify": True})
+    )
     (tmp_path / "clusters.yaml").write_text(example)
     registry = load_registry(tmp_path / "clusters.yaml")
-    assert registry.names == ["prod-east", "prod-west"]
-    assert [(e.cluster, e.field) for e in registry.errors] == [(None, "kubeconfig_dir")]
+    assert registry.names == ["prod-east", "prod-north", "prod-west"]
+    assert registry.errors == []
+    assert registry.get("prod-north").prometheus_url == "http://prometheus.prod-north.example:9090"
     east, west = registry.get("prod-east"), registry.get("prod-west")
     overrides = east.exporter_overrides
     assert (overrides.metric_prefix, overrides.node_label, overrides.nic_node_label) == (
@@ -196,13 +203,34 @@ def test_override_fields_are_checked_by_name(tmp_path):
                     {"name": "a", "kubeconfig": "a.yaml", "exporters": {"node_label": "not a label"}},
                     {"name": "b", "kubeconfig": "a.yaml", "exporters": {"prefix": "amd_"}},
                     {"name": "c", "kubeconfig": "a.yaml", "juicefs_capacity_bytes": {"v": -1}},
+                    {
+                        "name": "d",
+                        "kubeconfig": "a.yaml",
+                        "exporters": {"metric_names": {"DCGM_FI_DEV_GPU_UTILIZATION": "gpu_util"}},
+                    },
+                    {
+                        "name": "e",
+                        "kubeconfig": "a.yaml",
+                        "exporters": {"metric_names": {"DCGM_FI_DEV_GPU_UTIL": "not a name"}},
+                    },
+                    {
+                        "name": "f",
+                        "kubeconfig": "a.yaml",
+                        "exporters": {"metric_names": {"DCGM_FI_DEV_GPU_UTIL": "nv_gpu_util"}},
+                    },
                 ]
             },
         )
     )
-    assert registry.names == []
-    assert {(e.cluster, e.field) for e in registry.errors} == {
+    assert registry.names == ["f"]
+    assert registry.get("f").exporter_overrides.metric_names == {"DCGM_FI_DEV_GPU_UTIL": "nv_gpu_util"}
+    errors = {(e.cluster, e.field): e.message for e in registry.errors}
+    assert set(errors) == {
         ("a", "exporters.node_label"),
         ("b", "exporters.prefix"),
         ("c", "juicefs_capacity_bytes"),
+        ("d", "exporters.metric_names"),
+        ("e", "exporters.metric_names"),
     }
+    assert "unknown metric 'DCGM_FI_DEV_GPU_UTILIZATION'" in errors[("d", "exporters.metric_names")]
+    assert "DCGM_FI_DEV_GPU_UTIL" in errors[("d", "exporters.metric_names")]

@@ -372,3 +372,21 @@ def test_the_image_installs_the_locked_set_before_the_source_in_two_stages():
     for copied in re.findall(r"^COPY (?!--from)(.+) \S+$", text, flags=re.MULTILINE):
         for source in copied.split():
             assert (root / source).exists() and source.split("/")[0] not in ignored, source
+
+
+def test_retries_of_each_layer_come_from_the_one_table_and_do_not_stack():
+    """The step's RetryPolicy is built from lens_pipeline.retry; every lens job's runs are retried
+    only when their worker died (a failed step was already retried by its policy, or is asked for
+    again by the schedule or the events sensor), as often as retry.py says: run tags, so the
+    instance's other code locations keep their own retry settings."""
+    from dagster import Backoff, Jitter
+
+    from lens_pipeline import retry
+    from lens_pipeline.defs import run_tags
+    from lens_pipeline.defs.collectors.common import COLLECTOR_RETRY
+
+    assert (COLLECTOR_RETRY.max_retries, COLLECTOR_RETRY.delay) == (retry.OP_RETRIES, retry.OP_RETRY_DELAY)
+    assert (COLLECTOR_RETRY.backoff, COLLECTOR_RETRY.jitter) == (Backoff.EXPONENTIAL, Jitter.PLUS_MINUS)
+    for tags in (run_tags.COLLECTION_RUN_TAGS, run_tags.CONTAINER_EVENTS_RUN_TAGS):
+        assert tags[run_tags.MAX_RETRIES_TAG] == str(retry.RUN_RETRIES)
+        assert tags[run_tags.RETRY_ON_FAILURE_TAG] == "false"

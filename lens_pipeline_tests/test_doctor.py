@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from lens_pipeline.cli import main
+from lens_pipeline.sim.dialects import DIALECTS
 from lens_pipeline_tests.defs.support import DEAD_URL, edit_registry, served_fleet
 
 
@@ -16,7 +17,9 @@ def _doctor(capsys, registry, *extra: str) -> tuple[int, str]:
 
 
 def test_every_dialect_passes_with_nothing_configured_but_capacities_without_quota(tmp_path, capsys):
-    served = served_fleet(tmp_path, clusters=16, nodes=3, seed=4, vendor="mixed", dialect="mixed")
+    served = served_fleet(
+        tmp_path, clusters=2 * len(DIALECTS), nodes=3, seed=4, vendor="mixed", dialect="mixed"
+    )
     with served as (fleet, _server, registry):
         uncapped = sorted(c.name for c in fleet if not c.dialect.juicefs_quota)
         code, out = _doctor(capsys, registry)

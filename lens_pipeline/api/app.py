@@ -11,6 +11,7 @@ and a bearer token guards `/v1` when one is configured. The OpenAPI description 
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import re
 import time
@@ -34,9 +35,11 @@ from lens_pipeline import settings
 from lens_pipeline.api import queries
 from lens_pipeline.api.queries import NODE_ORDER, WORKLOAD_ORDER, Page
 from lens_pipeline.collect.overview import api_overview
-from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.db import database_unavailable, get_engine
 from lens_pipeline.store.event_log import Backlog
 from lens_pipeline.store.migrate import ensure_schema
+
+log = logging.getLogger(__name__)
 
 STATUS_COLOR = {"Ready": "green", "NotReady": "red", "Unknown": "yellow"}
 WORKLOAD_STATUS_COLOR = {
@@ -154,7 +157,9 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
     )
     metrics = CollectorRegistry()
     requests = Counter("lens_api_requests_total", "API requests", ("route", "code"), registry=metrics)
-    errors = Counter("lens_api_database_errors_total", "Database errors answered 503", registry=metrics)
+    errors = Counter(
+        "lens_api_database_errors_total", "Database unavailable: requests answered 503", registry=metrics
+    )
     latency = Histogram(
         "lens_api_request_duration_seconds",
         "Time to answer",
@@ -209,7 +214,7 @@ def _aggregation_router(ctx: _Routes) -> Any:
 
 
 def _error_handlers(app: FastAPI, errors: Counter) -> None:
-    """Every error in the API's envelope; a database error is a 503, counted."""
+    """Every error in the API's envelope; a database that is unavailable is a 503, counted."""
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> Response:
@@ -225,9 +230,14 @@ def _error_handlers(app: FastAPI, errors: Counter) -> None:
         return envelope(None, exc.status_code, str(exc.detail))
 
     @app.exception_handler(SQLAlchemyError)
-    async def _database_error(_request: Request, exc: SQLAlchemyError) -> Response:
-        errors.inc()
-        return envelope(None, 503, f"database unavailable: {type(exc).__name__}")
+    async def _database_error(request: Request, exc: SQLAlchemyError) -> Response:
+        if database_unavailable(exc):  # down, unreachable, overloaded, the connection lost
+            errors.inc()
+            return envelope(None, 503, f"database unavailable: {type(exc).__name__}")
+        # Every parameter is bounded and typed before a query is made, so a statement the database
+        # refuses is a bug of ours, not bad input, and the database is not "unavailable".
+        log.error("%s %s: database error", request.method, request.url.path, exc_info=exc)
+        return envelope(None, 500, f"internal error: {type(exc).__name__}")
 
 
 def _cluster_routes(app: FastAPI, ctx: _Routes, metrics: CollectorRegistry) -> None:

@@ -12,7 +12,12 @@ from sqlalchemy import Connection, Engine, and_, bindparam, func, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
 
-from lens_pipeline.collect.overview import OVERVIEW_FIGURES, overview_row, weighted_utilization
+from lens_pipeline.collect.overview import (
+    OVERVIEW_FIGURES,
+    overview_row,
+    readable_nodes,
+    weighted_utilization,
+)
 from lens_pipeline.store.event_log import Backlog, backlog
 from lens_pipeline.store.overview import overview_nodes
 from lens_pipeline.store.schema import (
@@ -130,10 +135,11 @@ class OverviewReader:
 def live_overview(conn: Connection, cluster: str) -> Row | None:
     """The overview computed from the `node` table now (the cache missed); None for a cluster the
     database does not know. Utilization is the nodes' GPU-weighted mean; storage and RDMA figures
-    need Prometheus and read 0 until the asset has run."""
-    nodes = overview_nodes(conn, cluster)
-    if not nodes:
+    need Prometheus and are unknown (null) until the asset has run."""
+    stored = overview_nodes(conn, cluster)
+    if not stored:
         return None
+    nodes, _malformed = readable_nodes(stored)  # the asset's check names them
     return overview_row(nodes, utilization=weighted_utilization(nodes))
 
 

@@ -4,6 +4,7 @@ by list position, §10.3), and the `node_device_changelog` rows of what was adde
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,28 +16,66 @@ Row = dict[str, Any]
 Labels = Mapping[str, str]
 
 
+# What a working GPU can report, in the units stored (percent, degrees Celsius, watts, MB). A value
+# outside is a broken counter (1e6 %, 65535 °C, negative watts): unknown, never stored as a figure,
+# and never overflowing a column (SaFE's DECIMAL(5,2) utilization, `gpu_device.memory`'s INTEGER).
+PLAUSIBLE = {
+    "utilization": (0.0, 100.0),
+    "temperature": (-50.0, 150.0),
+    "power": (0.0, 10_000.0),
+    "memory": (0.0, 10_000_000.0),
+}
+
+
+def plausible(figure: str, value: float | None) -> bool:
+    """Whether `value` (finite) is one a working GPU can report for `figure`."""
+    low, high = PLAUSIBLE[figure]
+    return value is not None and math.isfinite(value) and low <= value <= high
+
+
 @dataclass
 class GpuSeries:
     """`gpu_device` rows from one vendor's exporter series, and what could not be used: series that
     name no node of the cluster, GPUs without an identity (no serial or UUID), GPUs whose
-    utilization is NaN or infinite (kept, utilization unknown)."""
+    utilization is NaN or infinite (kept, utilization unknown), figures no working GPU reports
+    (kept, that figure unknown), and GPUs that more than one series reports (left out: which
+    series tells the truth is unknown, so their stored rows are kept as they are)."""
 
     rows: list[Row] = field(default_factory=list)
     unmatched_nodes: set[str] = field(default_factory=set)
     without_index: list[str] = field(default_factory=list)  # no GPU index label, or not a number
     without_identity: list[str] = field(default_factory=list)
     nonfinite: list[str] = field(default_factory=list)
+    out_of_range: list[str] = field(default_factory=list)  # "node/gpu figure=value"
+    duplicated: set[tuple[str, int]] = field(default_factory=set)
+
+    @property
+    def nodes(self) -> set[str]:
+        """The nodes that some series of this vendor names (with a GPU index)."""
+        return {row["node_name"] for row in self.rows} | {node for node, _ in self.duplicated}
+
+
+# A GPU index is a small whole number; a label past it is no index (and would not fit its column).
+MAX_GPU_INDEX_DIGITS = 6
 
 
 def _gpu_index(labels: Labels, profile: VendorProfile) -> int | None:
+    """The series' GPU index; None when the label is absent or no plain decimal number ("²" and
+    other scripts' digits pass `str.isdigit` but not `int`)."""
     index = labels.get(profile.gpu_index_label)
-    return int(index) if index is not None and str(index).isdigit() else None
+    text = str(index) if index is not None else ""
+    if text.isascii() and text.isdigit() and len(text) <= MAX_GPU_INDEX_DIGITS:
+        return int(text)
+    return None
 
 
 def _gpu_key(labels: Labels, profile: VendorProfile, nodes: NodeIndex) -> tuple[str, int] | None:
     node = nodes.resolve(labels.get(profile.node_label))
     index = _gpu_index(labels, profile)
     return (node, index) if node and index is not None else None
+
+
+MEMORY_FIGURES = ("vram_total", "vram_used", "vram_free", "vram_reserved")
 
 
 def _memory(figures: Mapping[str, Mapping[tuple[str, int], float]], key: tuple[str, int]) -> float | None:
@@ -51,22 +90,39 @@ def _memory(figures: Mapping[str, Mapping[tuple[str, int], float]], key: tuple[s
     return used + free + figures.get("vram_reserved", {}).get(key, 0.0)
 
 
+def _duplicated_keys(
+    profile: VendorProfile,
+    identity: list[tuple[Labels, float]],
+    duplicates: Iterable[Labels],
+    nodes: NodeIndex,
+) -> set[tuple[str, int]]:
+    """GPUs reported by more than one series: what `duplicate_query` counts (same node label and
+    index), and GPUs whose identity series differ (another serial, or two node label values naming
+    one node)."""
+    keys = [key for labels, _ in identity if (key := _gpu_key(labels, profile, nodes)) is not None]
+    twice = {key for key, n in Counter(keys).items() if n > 1}
+    return twice | {key for labels in duplicates if (key := _gpu_key(labels, profile, nodes)) is not None}
+
+
 def gpu_device_rows(
     profile: VendorProfile,
     identity: Iterable[tuple[Labels, float]],
     figures: Mapping[str, Iterable[tuple[Labels, float]]],
     fallback_models: Mapping[str, str],
     nodes: NodeIndex,
+    duplicates: Iterable[Labels] = (),
 ) -> GpuSeries:
     """One row per GPU seen by the exporter on a node of the cluster. `identity` are the samples of
     `identity_query` (which carry utilization, NaN included), `figures` those of each
-    `figure_query`; a node's product label names the model when the exporter does not."""
+    `figure_query`, `duplicates` the label sets of `duplicate_query`; `fallback_models` (node ->
+    product label) name the model when the exporter's market-name label does not."""
+    identity = list(identity)
     by_figure: dict[str, dict[tuple[str, int], float]] = {}
     for figure, samples in figures.items():
         by_figure[figure] = {
             k: v for labels, v in samples if (k := _gpu_key(labels, profile, nodes)) is not None
         }
-    found = GpuSeries()
+    found = GpuSeries(duplicated=_duplicated_keys(profile, identity, duplicates, nodes))
     rows: dict[tuple[str, int], Row] = {}
     for labels, utilization in identity:
         key = _gpu_key(labels, profile, nodes)
@@ -77,35 +133,49 @@ def gpu_device_rows(
             else:
                 found.without_index.append(f"{node}/{labels.get(profile.gpu_index_label, '(none)')}")
             continue
+        if key in found.duplicated:
+            continue
         where = f"{key[0]}/{key[1]}"
         serial = labels.get(profile.serial_label, "")
         if not serial:
             found.without_identity.append(where)
         if not math.isfinite(utilization):
             found.nonfinite.append(where)
+        measured = {
+            "utilization": utilization,
+            "temperature": by_figure.get("temperature", {}).get(key),
+            "power": by_figure.get("power", {}).get(key),
+        }
+        memory_parts = [by_figure[f][key] for f in MEMORY_FIGURES if key in by_figure.get(f, {})]
         memory = _memory(by_figure, key)
+        if memory is not None and not all(plausible("memory", v) for v in (*memory_parts, memory)):
+            found.out_of_range.append(f"{where} memory={memory_parts}")
+            memory = None
+        for figure, value in measured.items():
+            if value is not None and math.isfinite(value) and not plausible(figure, value):
+                found.out_of_range.append(f"{where} {figure}={value:g}")
         rows[key] = {
             "node_name": key[0],
             "gpu_id": key[1],
-            "gpu_model": labels.get(profile.model_label) or fallback_models.get(key[0], ""),
-            "memory": round(memory) if memory is not None and math.isfinite(memory) else None,
-            "utilization": utilization if math.isfinite(utilization) else None,
-            "temperature": _finite(by_figure.get("temperature", {}).get(key)),
-            "power": _finite(by_figure.get("power", {}).get(key)),
+            "gpu_model": _model(labels, profile, fallback_models.get(key[0], "")),
+            "memory": round(memory) if memory is not None else None,
+            **{figure: value if plausible(figure, value) else None for figure, value in measured.items()},
             "serial": serial,
         }
     found.rows = [rows[k] for k in sorted(rows)]
     return found
 
 
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
+def _model(labels: Labels, profile: VendorProfile, node_product: str) -> str:
+    """The GPU's market name from the exporter; else the node's product label (the same name as the
+    vendor's labeller writes it); else another label naming the model (AMD's board part number)."""
+    fallbacks = (labels.get(label, "") for label in profile.model_label_fallbacks)
+    return labels.get(profile.model_label) or node_product or next((m for m in fallbacks if m), "")
 
 
-def nodes_without_gpu_series(gpu_nodes: Iterable[str], rows: Iterable[Row]) -> list[str]:
+def nodes_without_gpu_series(gpu_nodes: Iterable[str], seen: Iterable[str]) -> list[str]:
     """GPU nodes (Ready, with GPUs) that no exporter series names: their GPUs are invisible."""
-    seen = {row["node_name"] for row in rows}
-    return sorted(set(gpu_nodes) - seen)
+    return sorted(set(gpu_nodes) - set(seen))
 
 
 def device_changes(

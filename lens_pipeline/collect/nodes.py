@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name
+from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name, text_without_nul
 from lens_pipeline.collect.quantity import whole_units
 from lens_pipeline.vendors import VendorProfile
 
@@ -103,12 +103,14 @@ def node_row(
     driver_version = profile.driver_version(labels)
     state = ready_status(node)
     memory = capacity.get("memory", "")
-    return {
+    row = {
         "name": name,
         "address": node_address(node),
         "gpu_name": str(gpu_name),
         "gpu_allocation": allocated,
-        "gpu_count": whole_units(capacity.get(profile.resource, 0), f"status.capacity[{profile.resource!r}]"),
+        "gpu_count": whole_units(
+            capacity.get(profile.resource, 0), f"status.capacity[{profile.resource!r}]", integer=True
+        ),
         "gpu_utilization": utilization,
         "status": state,
         "k8s_status": state,
@@ -124,6 +126,7 @@ def node_row(
         "labels": labels,
         "annotations": annotations,
     }
+    return text_without_nul(row)
 
 
 def gpu_node_rows(
@@ -242,6 +245,6 @@ def gpu_models_by_node(nodes: Iterable[dict], profiles: Iterable[VendorProfile])
         if not isinstance(labels, dict) or not isinstance(metadata.get("name"), str):
             continue
         model = next((labels[p.product_label] for p in profiles if labels.get(p.product_label)), None)
-        if model:
+        if model and "\x00" not in str(model):  # such a node is reported by gpu_nodes
             models[metadata["name"]] = str(model)
     return models

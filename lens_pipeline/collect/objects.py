@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from lens_pipeline.collect.problems import MalformedObject
+from lens_pipeline.collect.quantity import INT64_MAX
 
 # Metadata every collector keeps of an object (owners keep a little more, see collect.owners).
 KEPT_METADATA = (
@@ -73,3 +74,15 @@ def owner_ref(metadata: dict) -> OwnerRef | None:
     # Checked just above with `__class__ is str` (the fast test on this hot path, which mypy does
     # not read as narrowing).
     return OwnerRef(KindRef(api_version, kind), name, uid)  # type: ignore[arg-type]
+
+
+def resource_version(metadata: dict) -> int:
+    """`metadata.resourceVersion` as the number etcd gives it (a 64-bit revision, stored as one)."""
+    value = metadata.get("resourceVersion")
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19:
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX:
+        return value
+    raise MalformedObject(
+        f"metadata.resourceVersion should be an integer string below 2^63, got {value!r:.40}"
+    )

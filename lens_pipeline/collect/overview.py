@@ -8,9 +8,18 @@ allocation rate is over healthy nodes; storage and RDMA figures add up every vol
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from lens_pipeline.collect.problems import MalformedObject, Problem
+from lens_pipeline.collect.stored import (
+    readable_rows,
+    stored_count,
+    stored_figure,
+    stored_mapping,
+    stored_text,
+)
 
 # Taints that keep new pods off a node: a node carrying one is out of service (PreferNoSchedule is not).
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -35,6 +44,27 @@ STORAGE_FIGURES = (
 )
 RDMA_FIGURES = ("rdma_total_tx", "rdma_total_rx")
 OVERVIEW_FIGURES = (*NODE_COUNTS, "allocation_rate", "utilization", *STORAGE_FIGURES, *RDMA_FIGURES)
+
+
+def overview_node(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored `node` row with the columns the overview reads, each checked (a malformed one names
+    its column, and the row is left out of the figures)."""
+    taints = stored_mapping(row, "taints").get("taints") or []
+    if not isinstance(taints, list):
+        raise MalformedObject("taints.taints should be a list")
+    return {
+        "name": stored_text(row, "name"),
+        "gpu_count": stored_count(row, "gpu_count"),
+        "gpu_allocation": stored_count(row, "gpu_allocation"),
+        "gpu_utilization": stored_figure(row, "gpu_utilization"),
+        "status": stored_text(row, "status"),
+        "taints": {"taints": taints},
+    }
+
+
+def readable_nodes(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """The rows the overview can read, and a problem naming each one it cannot."""
+    return readable_rows(rows, overview_node, "node", "name")
 
 
 def is_faulty(node: Mapping[str, Any]) -> bool:
@@ -99,15 +129,16 @@ def juicefs_inode_capacity(total: float, used: float) -> float | None:
 
 @dataclass(frozen=True)
 class StorageVolume:
-    """One JuiceFS volume's figures from Prometheus: bytes, inodes, bytes per second."""
+    """One JuiceFS volume's figures from Prometheus: bytes, inodes, bytes per second. None: unknown
+    (a volume without quota has no capacity to measure usage against; a volume without series has
+    no figure at all)."""
 
-    # None: unknown (a volume without quota has no capacity to measure usage against).
     total_space: float | None = 0.0
-    used_space: float = 0.0
+    used_space: float | None = 0.0
     total_inodes: float | None = 0.0
-    used_inodes: float = 0.0
-    read_bandwidth: float = 0.0
-    write_bandwidth: float = 0.0
+    used_inodes: float | None = 0.0
+    read_bandwidth: float | None = 0.0
+    write_bandwidth: float | None = 0.0
 
 
 def _total(values: Iterable[float | None]) -> float | None:
@@ -115,19 +146,18 @@ def _total(values: Iterable[float | None]) -> float | None:
     return None if any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
-def _percentage(used: float, total: float | None) -> float | None:
-    if total is None:
+def _percentage(used: float | None, total: float | None) -> float | None:
+    if total is None or used is None:
         return None
     return 100.0 * used / total if total else 0.0
 
 
 def storage_figures(volumes: Iterable[StorageVolume]) -> dict[str, float | None]:
-    """Every volume added up (the original took the newest `storage` row only). A capacity that one
-    volume lacks makes the total and its percentage unknown: a sum over some volumes is not the
-    cluster's."""
+    """Every volume added up (the original took the newest `storage` row only). A figure that one
+    volume lacks makes the cluster's unknown: a sum over some volumes is not the cluster's."""
     volumes = list(volumes)
-    space, used = _total(v.total_space for v in volumes), sum(v.used_space for v in volumes)
-    inodes, used_inodes = _total(v.total_inodes for v in volumes), sum(v.used_inodes for v in volumes)
+    space, used = _total(v.total_space for v in volumes), _total(v.used_space for v in volumes)
+    inodes, used_inodes = _total(v.total_inodes for v in volumes), _total(v.used_inodes for v in volumes)
     return {
         "storage_total_space": space,
         "storage_used_space": used,
@@ -135,8 +165,8 @@ def storage_figures(volumes: Iterable[StorageVolume]) -> dict[str, float | None]
         "storage_total_inodes": inodes,
         "storage_used_inodes": used_inodes,
         "storage_inodes_usage_percentage": _percentage(used_inodes, inodes),
-        "storage_read_bandwidth": sum(v.read_bandwidth for v in volumes),
-        "storage_write_bandwidth": sum(v.write_bandwidth for v in volumes),
+        "storage_read_bandwidth": _total(v.read_bandwidth for v in volumes),
+        "storage_write_bandwidth": _total(v.write_bandwidth for v in volumes),
     }
 
 
@@ -145,14 +175,15 @@ def overview_row(
     *,
     utilization: float | None,
     storage: Mapping[str, float | None] | None = None,
-    rdma: tuple[float, float] = (0.0, 0.0),
+    rdma: tuple[float | None, float | None] = (None, None),
 ) -> dict[str, float | None]:
-    """One `cluster_overview_cache` row's figures (no cluster name, no times)."""
+    """One `cluster_overview_cache` row's figures (no cluster name, no times). Storage and RDMA
+    figures not given are unknown (NULL): only Prometheus knows them."""
     rx, tx = rdma
     return {
         **node_figures(nodes),
         "utilization": utilization,
-        **(storage if storage is not None else storage_figures(())),
+        **(storage if storage is not None else dict.fromkeys(STORAGE_FIGURES)),
         "rdma_total_rx": rx,
         "rdma_total_tx": tx,
     }
@@ -182,3 +213,34 @@ def api_overview(row: Mapping[str, Any]) -> dict[str, Any]:
         "allocationRate": row["allocation_rate"],
         "utilization": row["utilization"],
     }
+
+
+def juicefs_volumes(
+    volumes: Sequence[str], figures: Mapping[str, Mapping[str, float]], capacities: Mapping[str, float]
+) -> tuple[list[StorageVolume], list[str]]:
+    """Each JuiceFS volume's figures from the grouped answers (`figures`: figure name -> volume ->
+    value; a volume absent from an answer has that figure unknown), with the registry's
+    `capacities` winning over the reported ones; and the volumes whose capacity is unknown (no
+    quota: JuiceFS then reports a synthetic total, which is not a capacity)."""
+    stored, uncapped = [], []
+    for volume in volumes:
+        seen = {name: values.get(volume) for name, values in figures.items()}
+        used, used_inodes = seen.get("used_space"), seen.get("used_inodes")
+        space = capacities.get(volume)
+        reported_space, reported_inodes = seen.get("total_space"), seen.get("total_inodes")
+        if space is None and reported_space is not None:
+            space = juicefs_space_capacity(reported_space, used or 0.0)
+        inodes = juicefs_inode_capacity(reported_inodes, used_inodes or 0.0) if reported_inodes else None
+        if space is None:
+            uncapped.append(volume)
+        stored.append(
+            StorageVolume(
+                total_space=space,
+                used_space=used,
+                total_inodes=inodes,
+                used_inodes=used_inodes,
+                read_bandwidth=seen.get("read_bandwidth"),
+                write_bandwidth=seen.get("write_bandwidth"),
+            )
+        )
+    return stored, uncapped

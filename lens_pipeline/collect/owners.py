@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from lens_pipeline.collect.objects import KEPT_METADATA, KindRef, owner_ref
-from lens_pipeline.collect.problems import MalformedObject, Problem, mapping
+from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name
 
 SAFE_GROUP_VERSION = "amd.com/v1"
 SAFE_KIND = "Workload"
@@ -34,13 +34,17 @@ def plurals_from_discovery(group_version: str, resource_list: object) -> dict[st
 _KEPT_OWNER_METADATA = (*KEPT_METADATA, "annotations", "generation")
 
 
-def project_owner(obj: object) -> dict | None:
-    """Keep what a `gpu_workload` row and its snapshot need (no managedFields); None when unreadable."""
+def project_owner(obj: object) -> dict | Problem:
+    """Keep what a `gpu_workload` row and its snapshot need (no managedFields); a `Problem` when the
+    object has no metadata or uid to be found by (its pods' chains then end at it)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
-        return None
+        return Problem("Owner", object_name(obj), "no metadata")
     metadata = obj["metadata"]
-    if not isinstance(metadata.get("uid"), str):
-        return None
+    uid = metadata.get("uid")
+    if not isinstance(uid, str) or not uid or "\x00" in uid:
+        return Problem(
+            str(obj.get("kind"))[:64], object_name(obj), "metadata.uid should be a string without NUL"
+        )
     return {
         "apiVersion": obj.get("apiVersion"),
         "kind": obj.get("kind"),

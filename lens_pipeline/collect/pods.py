@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from lens_pipeline.collect.objects import KEPT_METADATA, owner_ref
-from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name
-from lens_pipeline.collect.quantity import whole_units
+from lens_pipeline.collect.objects import KEPT_METADATA, owner_ref, resource_version
+from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name, text_without_nul
+from lens_pipeline.collect.quantity import INT32_MAX, bounded_count, whole_units
 from lens_pipeline.collect.times import parse_time
 
 # Phases in which a bound pod holds its devices, as the scheduler counts them.
@@ -36,7 +36,9 @@ def container_gpus(container: object, resource: str) -> int:
     if limits.__class__ is not dict:
         limits = _EMPTY if limits is None else mapping(resources, "limits")
     value = requests.get(resource, limits.get(resource))
-    return 0 if value is None else whole_units(value, f"container {container.get('name')!r} {resource}")
+    if value is None:
+        return 0
+    return whole_units(value, f"container {container.get('name')!r:.60} {resource}", integer=True)
 
 
 def _containers(spec: dict, field: str) -> list:
@@ -51,7 +53,7 @@ def pod_gpus(pod: dict, resource: str) -> int:
     spec = mapping(pod, "spec")
     app = sum(container_gpus(c, resource) for c in _containers(spec, "containers"))
     init = max((container_gpus(c, resource) for c in _containers(spec, "initContainers")), default=0)
-    return max(app, init)
+    return bounded_count(max(app, init), f"the pod's {resource} (sum over its containers)")
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,7 @@ def owner_uid(metadata: dict) -> str:
 def gpu_pod_row(pod: GpuPod) -> Row:
     """`gpu_pods` (spec §1.7); `running` is recomputed from the phase every time (§10.8)."""
     metadata = pod.metadata
-    return {
+    row = {
         "namespace": metadata["namespace"],
         "name": metadata["name"],
         "node_name": pod.node_name,
@@ -187,6 +189,7 @@ def gpu_pod_row(pod: GpuPod) -> Row:
         "ip": str(pod.obj["status"].get("podIP") or ""),
         "owner_uid": owner_uid(metadata),
     }
+    return text_without_nul(row)
 
 
 def pod_end_time(pod: GpuPod) -> datetime | None:
@@ -240,16 +243,6 @@ def pod_resource_row(pod: GpuPod, gpu_model: str) -> Row:
     }
 
 
-def resource_version(metadata: dict, what: str = "metadata.resourceVersion") -> int:
-    value = metadata.get("resourceVersion")
-    try:
-        if value is None:
-            raise TypeError
-        return int(value)
-    except (TypeError, ValueError):
-        raise MalformedObject(f"{what} should be an integer string, got {value!r:.40}") from None
-
-
 def pod_snapshot_row(pod: GpuPod) -> Row:
     """`pod_snapshot` (spec §1.9) of the pod as listed."""
     return {
@@ -276,6 +269,9 @@ def condition_events(pod: GpuPod) -> list[Row]:
     statuses = pod.obj["status"].get("containerStatuses") or []
     first = statuses[0] if statuses and isinstance(statuses[0], dict) else {}
     restarts = first.get("restartCount", 0)
+    if not isinstance(restarts, int) or isinstance(restarts, bool):
+        restarts = 0  # unreadable: not worth the pod's events
+    bounded_count(restarts, "containerStatuses[0].restartCount", INT32_MAX)
     events = []
     for condition in _conditions(pod):
         if condition.get("status") != "True" or not condition.get("type"):
@@ -291,7 +287,7 @@ def condition_events(pod: GpuPod) -> list[Row]:
                 "pod_phase": pod.phase,
                 "event_type": str(condition["type"]),
                 "created_at": when,
-                "restart_count": restarts if isinstance(restarts, int) else 0,
+                "restart_count": restarts,
             }
         )
     return events

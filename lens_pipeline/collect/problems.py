@@ -19,6 +19,15 @@ class Problem:
         return f"{self.kind} {self.name or '<unnamed>'}: {self.message}"
 
 
+def text_without_nul(row: dict) -> dict:
+    """`row` itself, or a malformed object naming the first text column with a NUL character (which
+    PostgreSQL's text types refuse: one such value would fail the whole cluster's write)."""
+    for column, value in row.items():
+        if value.__class__ is str and "\x00" in value:
+            raise MalformedObject(f"{column} contains a NUL character")
+    return row
+
+
 def object_name(obj: object) -> str:
     """`namespace/name` or `name` of an object, or '' when even that is unreadable."""
     metadata = obj.get("metadata") if isinstance(obj, dict) else None

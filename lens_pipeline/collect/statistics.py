@@ -15,6 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lens_pipeline.collect.problems import MalformedObject
+from lens_pipeline.collect.stored import stored_count, stored_figure
+
 BUCKET_WIDTH = 10.0
 BUCKETS = 10
 PodKey = tuple[str, str]  # (namespace, pod name)
@@ -91,11 +94,28 @@ def empty_histogram() -> dict[str, list[dict[str, float]]]:
     }
 
 
+def _stored_buckets(histogram: Any) -> list[dict[str, Any]]:
+    """A stored histogram's buckets; a new empty set for none, or for one of another shape; an error
+    for buckets that are not objects with a count."""
+    if histogram is None:
+        return empty_histogram()["buckets"]
+    buckets = histogram.get("buckets") if isinstance(histogram, dict) else None
+    if not isinstance(buckets, list):
+        raise MalformedObject("histogram should be an object with a list of buckets")
+    if len(buckets) != BUCKETS:
+        return empty_histogram()["buckets"]
+    for bucket in buckets:
+        if not isinstance(bucket, dict):
+            raise MalformedObject("histogram.buckets should be objects")
+        stored_count(bucket, "count")
+        if stored_figure(bucket, "lower") is None or stored_figure(bucket, "upper") is None:
+            raise MalformedObject("histogram.buckets should each have a lower and an upper bound")
+    return [dict(b) for b in buckets]
+
+
 def add_to_histogram(histogram: Mapping[str, Any] | None, values: Iterable[float]) -> dict[str, Any]:
     """A new histogram with `values` added: clamped to [0, 100], 100 in the last bucket."""
-    buckets = [dict(b) for b in (histogram or {}).get("buckets") or []]
-    if len(buckets) != BUCKETS:
-        buckets = empty_histogram()["buckets"]
+    buckets = _stored_buckets(histogram)
     for value in values:
         clamped = min(max(value, 0.0), 100.0)
         buckets[min(int(clamped // BUCKET_WIDTH), BUCKETS - 1)]["count"] += 1
@@ -129,17 +149,18 @@ def accumulate(stored: Mapping[str, Any] | None, window: Window) -> dict[str, An
     """A `workload_statistic` row's figures after adding a window to what is stored."""
     column = "{}_gpu_utilization"
     previous = stored or {}
-    count = int(previous.get("sample_count") or 0)
+    # What is stored is read back checked: a malformed row fails here, naming its column.
+    count = stored_count(previous, "sample_count")
     values: Sequence[float] = window.utilization
     histogram = add_to_histogram(previous.get("histogram"), values)
     new_count = count + len(values)
-    new_total = float(previous.get("total_sum") or 0.0) + math.fsum(values)
+    new_total = (stored_figure(previous, "total_sum", 0.0) or 0.0) + math.fsum(values)
     figures = dict.fromkeys(FIGURES, 0.0)
     if new_count:
         low, high = min(values, default=math.inf), max(values, default=-math.inf)
         if count:
-            low = min(low, float(previous[column.format("min")]))
-            high = max(high, float(previous[column.format("max")]))
+            low = min(low, _stored_bound(previous, column.format("min")))
+            high = max(high, _stored_bound(previous, column.format("max")))
         figures = {
             "avg": new_total / new_count,
             "min": low,
@@ -150,11 +171,19 @@ def accumulate(stored: Mapping[str, Any] | None, window: Window) -> dict[str, An
         "sample_count": new_count,
         "total_sum": new_total,
         "histogram": histogram,
-        "allocated_gpu_seconds": float(previous.get("allocated_gpu_seconds") or 0.0)
+        "allocated_gpu_seconds": (stored_figure(previous, "allocated_gpu_seconds", 0.0) or 0.0)
         + window.allocated_gpu_seconds,
-        "idle_gpu_seconds": float(previous.get("idle_gpu_seconds") or 0.0) + window.idle_gpu_seconds,
+        "idle_gpu_seconds": (stored_figure(previous, "idle_gpu_seconds", 0.0) or 0.0)
+        + window.idle_gpu_seconds,
         **{column.format(name): value for name, value in figures.items()},
     }
+
+
+def _stored_bound(row: Mapping[str, Any], column: str) -> float:
+    value = stored_figure(row, column)
+    if value is None:
+        raise MalformedObject(f"{column} should be a number: the row has samples")
+    return value
 
 
 def window_bounds(

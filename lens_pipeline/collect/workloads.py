@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from lens_pipeline.collect.objects import resource_version
 from lens_pipeline.collect.owners import SAFE_GROUP_VERSION, SAFE_KIND
 from lens_pipeline.collect.pods import GpuPod
-from lens_pipeline.collect.problems import MalformedObject, mapping
-from lens_pipeline.collect.quantity import whole_units
+from lens_pipeline.collect.problems import MalformedObject, mapping, text_without_nul
+from lens_pipeline.collect.quantity import INT32_MAX, bounded_count, whole_units
 from lens_pipeline.collect.times import parse_time
 
 Row = dict[str, Any]
@@ -46,10 +47,11 @@ def workload_status(obj: Mapping[str, Any], pods: Iterable[GpuPod]) -> tuple[str
     if is_safe_workload(obj):
         spec = mapping(dict(obj), "spec")
         resource = mapping(spec, "resource")
-        gpus = whole_units(resource.get("gpu", 0), "spec.resource.gpu")
-        replicas = whole_units(resource.get("replica", 1), "spec.resource.replica")
+        gpus = whole_units(resource.get("gpu", 0), "spec.resource.gpu", integer=True)
+        replicas = whole_units(resource.get("replica", 1), "spec.resource.replica", integer=True)
         phase = (obj.get("status") or {}).get("phase") if isinstance(obj.get("status"), dict) else None
-        return SAFE_PHASES.get(str(phase), "Pending" if phase is None else "Running"), gpus * replicas
+        request = bounded_count(gpus * replicas, "spec.resource.gpu x spec.resource.replica", INT32_MAX)
+        return SAFE_PHASES.get(str(phase), "Pending" if phase is None else "Running"), request
     live = [p for p in pods if not p.deleting]
     running = [p for p in live if p.phase == "Running"]
     if running:
@@ -70,7 +72,10 @@ def workload_row(obj: Mapping[str, Any], parent_uid: str, pods: list[GpuPod]) ->
     annotations = mapping(metadata, "annotations")
     if not isinstance(obj.get("apiVersion"), str) or not isinstance(obj.get("kind"), str):
         raise MalformedObject("object lacks apiVersion or kind")
-    return {
+    for field in ("name", "namespace"):
+        if not isinstance(metadata.get(field) or "", str):
+            raise MalformedObject(f"metadata.{field} should be a string")
+    row = {
         "uid": metadata["uid"],
         "group_version": obj["apiVersion"],
         "kind": obj["kind"],
@@ -84,15 +89,13 @@ def workload_row(obj: Mapping[str, Any], parent_uid: str, pods: list[GpuPod]) ->
         "annotations": annotations,
         "created_at": parse_time(metadata.get("creationTimestamp"), "metadata.creationTimestamp"),
     }
+    return text_without_nul(row)
 
 
 def snapshot_row(obj: Mapping[str, Any]) -> Row:
     """A `gpu_workload_snapshot` row: the object as listed (no managedFields)."""
     metadata = obj["metadata"]
-    try:
-        version = int(metadata.get("resourceVersion"))
-    except (TypeError, ValueError):
-        raise MalformedObject("metadata.resourceVersion should be an integer string") from None
+    version = resource_version(metadata)
     return {
         "uid": metadata["uid"],
         "group_version": obj.get("apiVersion"),

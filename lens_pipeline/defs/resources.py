@@ -15,6 +15,7 @@ from lens_pipeline.clusters import ClusterConfig, Registry, load_registry
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
 from lens_pipeline.kube.reader import PAGE_SIZE, KubeReader
 from lens_pipeline.prom.reader import PromReader
+from lens_pipeline.retry import KUBE_REQUEST, KUBE_RETRIES
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.migrate import Database, ensure_schema
 
@@ -68,8 +69,8 @@ class KubernetesResource(ConfigurableResource):
     """How collectors LIST: page size and retries of transient errors (5xx, timeouts, refused)."""
 
     page_size: int = PAGE_SIZE
-    max_retries: int = 3
-    backoff_seconds: float = 0.5
+    max_retries: int = KUBE_RETRIES
+    backoff_seconds: float = KUBE_REQUEST.first
     max_list_restarts: int = 3  # a continue token that expired (410) restarts the LIST this often
     # One snapshot per cluster in a run: the collectors of a cluster share every LIST.
     _snapshots: dict = PrivateAttr(default_factory=dict)

@@ -11,6 +11,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from lens_pipeline.retry import RUN_RETRIES
+
 # Every run of this code location carries it: the run queue can bound our share of the instance's
 # run slots, and run retention deletes only our runs.
 CODE_LOCATION_TAG = "lens/code-location"
@@ -18,6 +20,7 @@ CODE_LOCATION = "lens_pipeline"
 # Dagster's documented run tags (the public API names no constant for them).
 MAX_RUNTIME_TAG = "dagster/max_runtime"
 MAX_RETRIES_TAG = "dagster/max_retries"
+RETRY_ON_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
 K8S_CONFIG_TAG = "dagster-k8s/config"
 # A finished run's Kubernetes Job goes after 10 minutes (dagster-k8s keeps it a day by default:
 # about 4,300 Jobs a day at three runs a minute); its logs and events are in Dagster's storage.
@@ -49,8 +52,9 @@ def run_tags(
     resources: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Tags for a lens job: run monitoring stops a run past `max_runtime_seconds` (when the
-    instance's run monitoring is on), the run is retried `max_retries` times (when the instance's
-    run retries are on), and its Kubernetes Job (K8sRunLauncher) runs restricted, with `resources`
+    instance's run monitoring is on), the run is retried `max_retries` times when its worker died
+    (when the instance's run retries are on; a run whose step failed is not: the step's own retries,
+    the schedule's next minute and the events sensor cover that), and its Kubernetes Job (K8sRunLauncher) runs restricted, with `resources`
     (else the code location's), and is deleted RUN_JOB_TTL_SECONDS after it finishes."""
     container: dict[str, Any] = {"security_context": CONTAINER_SECURITY_CONTEXT}
     if resources is not None:
@@ -64,6 +68,7 @@ def run_tags(
         CODE_LOCATION_TAG: CODE_LOCATION,
         MAX_RUNTIME_TAG: str(max_runtime_seconds),
         MAX_RETRIES_TAG: str(max_retries),
+        RETRY_ON_FAILURE_TAG: "false",
         K8S_CONFIG_TAG: json.dumps(k8s, sort_keys=True),
     }
 
@@ -71,26 +76,27 @@ def run_tags(
 # A collection run over a batch of 10 clusters of 100 nodes: ~1 CPU-second and ~300 MiB per cluster
 # (docs/SCALING.md); a run longer than 15 minutes is stuck. The automation sensor's runs (views of
 # a cluster after a manual run) are runs of the same assets.
-# No run retries: a failed batch's healthy clusters are written, and the schedule's next tick runs
-# the failing cluster alone, with the op's retries (defs/batches.py).
+# A run whose worker died is run again; a failed batch is not (its healthy clusters are written, and
+# the schedule's next tick runs the failing cluster alone, with the op's retries: defs/batches.py).
 COLLECTION_RUN_TAGS = run_tags(
     max_runtime_seconds=900,
-    max_retries=0,
+    max_retries=RUN_RETRIES,
     resources={"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
 )
 # A container_events run applies a batch of clusters' new events; the sensor asks again for what a
-# failed run left (a failing cluster alone, once a minute): no run retries.
-CONTAINER_EVENTS_RUN_TAGS = run_tags(max_runtime_seconds=900, max_retries=0)
+# failed run left (a failing cluster alone, once a minute).
+CONTAINER_EVENTS_RUN_TAGS = run_tags(max_runtime_seconds=900, max_retries=RUN_RETRIES)
 # Retention deletes in bounded batches; a catch-up after a long stop may take a while.
 RETENTION_RUN_TAGS = run_tags(max_runtime_seconds=3600)
 # An hourly history run recomputes a batch of (cluster, hour) partitions from Prometheus range
 # queries; one at a time (`lens/history` in the run queue), so a week's backfill of a new cluster
-# never crowds out the collection runs. The automation asks again for what failed: no run retries.
+# never crowds out the collection runs. A run whose worker died is run again; the automation asks
+# again for a (cluster, hour) that failed.
 HISTORY_TAG = "lens/history"
 HISTORY_RUN_TAGS = {
     **run_tags(
         max_runtime_seconds=900,
-        max_retries=0,
+        max_retries=RUN_RETRIES,
         resources={"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
     ),
     HISTORY_TAG: "hourly",

@@ -137,7 +137,10 @@ def from_json(event: Any, origin: Origin, received_at: Any, max_bytes: int = DEF
     data = event["data"]
     if not isinstance(data, Mapping):
         raise Refused("malformed_data", f"data must be a JSON object, not {type(data).__name__}")
-    payload = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    try:
+        payload = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:  # an integer past 64 bits, from a caller that parsed it so
+        raise Refused("malformed_data", f"data cannot be stored as JSON: {exc}") from None
     if len(payload) > max_bytes:
         raise Refused(
             "oversized", f"event data of {len(payload)} bytes is over the limit of {max_bytes} bytes"
@@ -188,6 +191,15 @@ def _check_text(name: str, value: str, max_bytes: int) -> None:
         raise Refused("malformed", f"{name} is {size} bytes in UTF-8, over {max_bytes}")
     if "\x00" in value:
         raise Refused("malformed", f"{name} contains a NUL character")
+
+
+def metadata_node(value: object) -> str:
+    """The gRPC metadata `node_name` (the original agent's), held to an event's `node` limits: it
+    fills the `node` of every event of the stream that names none."""
+    if not isinstance(value, str):
+        raise Refused("malformed", "metadata node_name must be text")
+    _check_text("metadata node_name", value, MAX_NODE)
+    return value
 
 
 def _check_ids(event_type: str, container_id: str, node: str) -> None:

@@ -31,7 +31,7 @@ from grpc_reflection.v1alpha import reflection
 
 from lens_pipeline.ingest import exporter_pb2
 from lens_pipeline.ingest.config import IngestConfig, Unauthenticated
-from lens_pipeline.ingest.events import ContainerEvent, Origin, Refused, from_grpc, split_batch
+from lens_pipeline.ingest.events import ContainerEvent, Origin, Refused, from_grpc, metadata_node, split_batch
 from lens_pipeline.ingest.http import IngestHttpApp
 from lens_pipeline.ingest.log_writer import LogWriter, Producer
 from lens_pipeline.ingest.metrics import IngestMetrics, observe_many
@@ -264,10 +264,13 @@ class IngestServer:
             self.count_refused(source, "", "unauthenticated")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
             return
-        node = metadata.get("node_name", "")
-        origin = Origin(
-            source, token_cluster, self.config.default_cluster, node if isinstance(node, str) else ""
-        )
+        try:
+            node = metadata_node(metadata.get("node_name", ""))
+        except Refused as exc:  # checked at the edge, as an event's own `node` is
+            self.count_refused(source, token_cluster or self.config.default_cluster or "", exc.reason)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        origin = Origin(source, token_cluster, self.config.default_cluster, node)
         stream = _Stream(self.metrics, source)
         producer = self.producer(stream.committed)
         addr = context.peer() or "unknown"

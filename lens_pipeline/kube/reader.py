@@ -30,7 +30,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.memory import paused_gc
-from lens_pipeline.retry import KUBE_REQUEST
+from lens_pipeline.retry import KUBE_REQUEST, KUBE_RETRIES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -153,8 +153,8 @@ class KubeReader:
         *,
         page_size: int = PAGE_SIZE,
         max_restarts: int = 3,
-        max_retries: int = 3,
-        backoff_seconds: float = 0.5,
+        max_retries: int = KUBE_RETRIES,
+        backoff_seconds: float = KUBE_REQUEST.first,
     ) -> None:
         self.cluster = cluster
         self.page_size = page_size

@@ -14,11 +14,19 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from lens_pipeline.retry import PROM_REQUEST
+from lens_pipeline.retry import PROM_REQUEST, PROM_RETRIES
 
 # How far back the metric and label names are looked up: recent enough that what was renamed or
 # removed is not seen, long enough for a few scrapes of a slow scrape interval.
 LOOKBACK_SECONDS = 600.0
+# The label `series_counts` tags each selector's count with (no exporter writes it).
+SELECTOR_TAG = "lens_selector"
+
+
+# Examples of skipped samples kept per reader (the count has no limit).
+MAX_MALFORMED_EXAMPLES = 50
+# A range point's time past this (the year 2200) is no sample's: it would not even make a datetime.
+MAX_UNIX_TIME = 7_258_118_400.0
 
 
 class PromError(RuntimeError):
@@ -51,13 +59,17 @@ class PromReader:
     cluster: str
     url: str
     timeout_seconds: float = 30.0
-    retries: int = 2
+    retries: int = PROM_RETRIES
     queries: int = 0
     # NaN or infinite samples dropped, by query (a check names them: a GPU is not idle for lack of a number).
     nonfinite: dict[str, int] = field(default_factory=dict)
+    # Samples (and range points) skipped because they were not what Prometheus answers (a value that
+    # is no number, labels that are not text...): one such sample never costs the whole answer.
+    malformed_samples: int = 0
+    malformed_examples: list[str] = field(default_factory=list)
     _client: PrometheusConnect | None = field(default=None, repr=False)
     _session: requests.Session | None = field(default=None, repr=False)
-    _early: dict[str, Future[list[Sample]]] = field(default_factory=dict, repr=False)
+    _early: dict[str, Future[tuple[list[Sample], list[str]]]] = field(default_factory=dict, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     @property
@@ -124,11 +136,15 @@ class PromReader:
             self._client = self._session = None
 
     def vector(self, query: str, *, keep_nonfinite: bool = False) -> list[Sample]:
-        """The samples of an instant query. NaN and infinite values are dropped and counted in
-        `nonfinite` (by query), unless `keep_nonfinite` asks for them."""
+        """The samples of an instant query. Malformed samples are skipped and counted
+        (`malformed_samples`); NaN and infinite values are dropped and counted in `nonfinite` (by
+        query), unless `keep_nonfinite` asks for them."""
         self.queries += 1
         early = self._early.pop(query, None)
-        samples = early.result() if early is not None and not early.cancelled() else self._vector(query)
+        samples, skipped = (
+            early.result() if early is not None and not early.cancelled() else self._vector(query)
+        )
+        self._skipped(query, skipped)
         if keep_nonfinite:
             return samples
         finite = [s for s in samples if math.isfinite(s.value)]
@@ -136,17 +152,32 @@ class PromReader:
             self.nonfinite[query] = self.nonfinite.get(query, 0) + len(samples) - len(finite)
         return finite
 
-    def _vector(self, query: str) -> list[Sample]:
-        result = self._ask(query, lambda client: client.custom_query(query))
-        samples = []
-        for series in result or []:
+    def _vector(self, query: str) -> tuple[list[Sample], list[str]]:
+        """The answer's samples and a description of each malformed one (counted by the caller's
+        thread: this may run in the prefetch thread)."""
+        result = _result_list(
+            self.cluster, query, self._ask(query, lambda client: client.custom_query(query))
+        )
+        samples, skipped = [], []
+        for series in result:
             try:
-                value = float(series["value"][1])
-                labels = dict(series.get("metric") or {})
-            except (KeyError, IndexError, TypeError, ValueError) as exc:
-                raise PromError(self.cluster, query, f"malformed sample {series!r:.200}: {exc}") from None
-            samples.append(Sample(labels, value))
-        return samples
+                labels = _labels(series)
+                value = series["value"]
+                if not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str):
+                    raise ValueError('value should be [time, "number"]')
+                samples.append(Sample(labels, float(value[1])))
+            except (KeyError, TypeError, ValueError) as exc:
+                skipped.append(f"{exc}: {series!r:.200}")
+        return samples, skipped
+
+    def malformed_since(self, mark: int) -> tuple[int, list[str]]:
+        """The samples skipped since `malformed_samples` was `mark`, and the first examples of them."""
+        return self.malformed_samples - mark, self.malformed_examples[mark:]
+
+    def _skipped(self, query: str, skipped: list[str]) -> None:
+        self.malformed_samples += len(skipped)
+        room = MAX_MALFORMED_EXAMPLES - len(self.malformed_examples)
+        self.malformed_examples += [f"{query}: {what}" for what in skipped[: max(room, 0)]]
 
     def metric_names(self, lookback_seconds: float = LOOKBACK_SECONDS) -> set[str]:
         """Every metric name with samples in the last `lookback_seconds`: one request, whatever the
@@ -169,6 +200,18 @@ class PromReader:
         if not isinstance(names, list):
             raise PromError(self.cluster, query, f"malformed response: {names!r:.200}")
         return {str(n) for n in names}
+
+    def series_counts(self, selectors: Sequence[str]) -> dict[str, float]:
+        """How many series each selector has now (0 for none), in one instant query: each count
+        tagged with its selector's position by `label_replace`, joined by `or`."""
+        if not selectors:
+            return {}
+        tagged = " or ".join(
+            f'label_replace(count({selector}), "{SELECTOR_TAG}", "{i}", "", "")'
+            for i, selector in enumerate(selectors)
+        )
+        counts = {s.labels.get(SELECTOR_TAG): s.value for s in self.vector(tagged)}
+        return {selector: counts.get(str(i), 0.0) for i, selector in enumerate(selectors)}
 
     def pod_is_targets(self, metric: str, pod_label: str) -> bool:
         """Whether every series of `metric` carries the `pod_label` of its scrape target (the same
@@ -197,18 +240,56 @@ class PromReader:
                 query, start_time=start, end_time=end, step=f"{step_seconds:g}"
             ),
         )
-        out = []
-        for series in result or []:
+        out, skipped = [], []
+        for series in _result_list(self.cluster, query, result):
             try:
-                labels = dict(series.get("metric") or {})
-                points = [(float(t), float(v)) for t, v in series["values"]]
+                labels = _labels(series)
+                values = series["values"]
+                if not isinstance(values, list):
+                    raise TypeError("values should be a list")
             except (KeyError, TypeError, ValueError) as exc:
-                raise PromError(self.cluster, query, f"malformed series {series!r:.200}: {exc}") from None
+                skipped.append(f"{exc}: {series!r:.200}")
+                continue
+            points = []
+            for point in values:
+                try:
+                    if not isinstance(point, list) or len(point) != 2 or not isinstance(point[1], str):
+                        raise ValueError('a point should be [time, "number"]')
+                    when = float(point[0])
+                    if not 0 <= when < MAX_UNIX_TIME:
+                        raise ValueError(f"time {when} is no time of a sample")
+                    points.append((when, float(point[1])))
+                except (TypeError, ValueError) as exc:
+                    skipped.append(f"{exc}: {labels} {point!r:.100}")
             finite = [(t, v) for t, v in points if math.isfinite(v)]
             if len(finite) != len(points):
                 self.nonfinite[query] = self.nonfinite.get(query, 0) + len(points) - len(finite)
             out.append(Series(labels, finite))
+        self._skipped(query, skipped)
         return out
+
+
+def _result_list(cluster: str, query: str, result: Any) -> list:
+    """The answer's `result`: a list of series, or an error for the whole answer."""
+    if result is None:
+        return []
+    if not isinstance(result, list):
+        raise PromError(cluster, query, f"malformed response: result should be a list, got {result!r:.200}")
+    return result
+
+
+def _labels(series: Any) -> dict[str, str]:
+    """A series' labels; a series that is not an object, or labels that are not text, are malformed."""
+    if not isinstance(series, dict):
+        raise TypeError("a series should be an object")
+    labels = series.get("metric") or {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise TypeError("metric should map label names to text")
+    if any("\x00" in k or "\x00" in v for k, v in labels.items()):
+        raise ValueError("a label holds a NUL character (no text column stores one)")
+    return labels
 
 
 def _request_failure(exc: requests.RequestException) -> str:

@@ -9,13 +9,19 @@ scraping the same targets see the same series.
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lens_pipeline.sim.dialects import juicefs_made_up_inodes, juicefs_made_up_space
+from lens_pipeline.sim.dialects import (
+    AMD_DEFAULT_EXTRA_LABELS,
+    AMD_OPTIONAL_LABELS,
+    DCGM_OLD_NAMESPACE,
+    ExporterDialect,
+    juicefs_made_up_inodes,
+    juicefs_made_up_space,
+)
 from lens_pipeline.sim.generate import JUICEFS_VOLUMES
 from lens_pipeline.sim.history import GpuSample
 from lens_pipeline.sim.vendors import AMD, SimVendor
@@ -191,13 +197,15 @@ def _build(cluster: SimCluster, at: float | None = None) -> dict[Target, list[Sa
         if not cluster.exporter_up(node, at):
             continue  # the node's exporters run on it: down with it
         address = cluster.node_address(node)
-        gpu_target = Target(vendor.exporter_job, node, f"{address}:{vendor.exporter_port}")
-        product = cluster.gpu_product(node)
-        targets[gpu_target] = _gpu_samples(
-            vendor, product.memory_mib, product.reserved_mib, gpus_by_node.get(node, [])
-        )
-        nic_target = Target(NODE_EXPORTER_JOB, node, f"{address}:{NODE_EXPORTER_PORT}")
-        targets[nic_target] = _nic_samples(nics.get(node, []))
+        if cluster.exporter_running(node, vendor.exporter_job):  # a crash-looping one is no target
+            gpu_target = Target(vendor.exporter_job, node, f"{address}:{vendor.exporter_port}")
+            product = cluster.gpu_product(node)
+            targets[gpu_target] = _gpu_samples(
+                vendor, product.memory_mib, product.reserved_mib, gpus_by_node.get(node, [])
+            )
+        if cluster.exporter_running(node, NODE_EXPORTER_JOB):
+            nic_target = Target(NODE_EXPORTER_JOB, node, f"{address}:{NODE_EXPORTER_PORT}")
+            targets[nic_target] = _nic_samples(nics.get(node, []))
     targets[Target(JUICEFS_JOB, "", f"juicefs-csi-node:{JUICEFS_PORT}")] = _juicefs_samples(cluster)
     targets.update(cluster.injected_series())
     return targets
@@ -207,33 +215,50 @@ def _gpu_metric_names(vendor: SimVendor) -> frozenset[str]:
     return frozenset({vendor.util_metric, *(AMD_FAMILIES if vendor is AMD else NVIDIA_FAMILIES)})
 
 
-def exposed(cluster: SimCluster, target: Target, samples: list[Sample]) -> list[Sample]:
-    """A target's samples as its exporter writes them in the cluster's dialect: AMD's metric prefix
-    and its mandatory workload labels (empty on a GPU nobody holds), dcgm-exporter's `hostname`."""
-    vendor, dialect = cluster.profile, cluster.dialect
+def exposed(
+    cluster: SimCluster, target: Target, samples: list[Sample], dialect: ExporterDialect | None = None
+) -> list[Sample]:
+    """A target's samples as its exporter writes them in the cluster's dialect (or `dialect`): AMD's
+    metric prefix, its mandatory labels (empty where there is nothing to say, as on a GPU nobody
+    holds) and, with its default label set, no optional ones; dcgm-exporter's `hostname`, its
+    `--use-old-namespace` labels; the metrics the exporter does not export left out."""
+    vendor, dialect = cluster.profile, dialect or cluster.dialect
     if target.job != vendor.exporter_job or samples[:1] == [("up", {}, 1.0)]:
         return samples
-    prefix = dialect.metric_prefix if vendor is AMD else ""
-    rename_host = dialect.lowercase_hostname and vendor is not AMD
-    empty = dict.fromkeys(vendor.workload_labels, "") if vendor is AMD else {}
-    if not (prefix or rename_host or empty):
+    amd = vendor is AMD
+    prefix = dialect.metric_prefix if amd else ""
+    renamed = {
+        **({vendor.node_label: "hostname"} if dialect.lowercase_hostname and not amd else {}),
+        **(DCGM_OLD_NAMESPACE if dialect.dcgm_old_namespace and not amd else {}),
+    }
+    # Labels the exporter always writes, with the value they have where nothing more is known.
+    always = dict.fromkeys(vendor.workload_labels, "") if amd else {}
+    dropped: tuple[str, ...] = ()
+    if amd and dialect.amd_default_labels:
+        always, dropped = {**always, **AMD_DEFAULT_EXTRA_LABELS}, AMD_OPTIONAL_LABELS
+    missing = set(dialect.missing_metrics)
+    if not (prefix or renamed or always or missing):
         return samples
     out = []
     for metric, labels, value in samples:
-        if rename_host and vendor.node_label in labels:
-            labels = {("hostname" if k == vendor.node_label else k): v for k, v in labels.items()}
+        if metric in missing:
+            continue
+        written = {renamed.get(k, k): v for k, v in labels.items() if k not in dropped}
         out.append(
-            (f"{prefix}{metric}", {**labels, **{k: v for k, v in empty.items() if k not in labels}}, value)
+            (f"{prefix}{metric}", {**written, **{k: v for k, v in always.items() if k not in written}}, value)
         )
     return out
 
 
-def target_labels(cluster: SimCluster, target: Target) -> dict[str, str]:
+def target_labels(
+    cluster: SimCluster, target: Target, dialect: ExporterDialect | None = None
+) -> dict[str, str]:
     """The labels a scrape config gives the target besides `job` and `instance`: the node it runs on
-    (unless the dialect's scrape config leaves it out), and under `honor_labels: false` the GPU
+    under the dialect's label (none: `instance` only), and under `honor_labels: false` the GPU
     exporter pod's own pod, namespace and container, as a ServiceMonitor does."""
-    labels = {"node": target.node} if target.node and cluster.dialect.node_label_on_targets else {}
-    if cluster.dialect.relabelled and target.job == cluster.profile.exporter_job:
+    dialect = dialect or cluster.dialect
+    labels = {dialect.node_target_label: target.node} if target.node and dialect.node_target_label else {}
+    if dialect.relabelled and target.job == cluster.profile.exporter_job:
         labels.update(cluster.exporter_pod(target.node))
     return labels
 
@@ -250,7 +275,7 @@ def _gpu_samples(
         index = int(labels[_index_label(vendor)])
         busy = bool(labels.get("pod"))
         total = memory_mib
-        basis = util if math.isfinite(util) else 0.0  # a broken utilization breaks no other figure
+        basis = util if 0.0 <= util <= 100.0 else 0.0  # a broken utilization breaks no other figure
         used = _vram_used(total, basis, busy)
         reserved = reserved_mib
         samples.append((vendor.util_metric, labels, util))
@@ -279,7 +304,9 @@ def pod_gpus(cluster: SimCluster, at: float) -> tuple[dict[tuple[str, str], list
     vendor = cluster.profile
     pod_label, namespace_label, _ = vendor.workload_labels
     used, total = ("gpu_used_vram", "gpu_total_vram") if vendor is AMD else ("DCGM_FI_DEV_FB_USED", "")
+    # The framebuffer's parts the exporter has (before dcgm-exporter 4.3.1, no reserve).
     parts = () if vendor is AMD else ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+    parts = tuple(p for p in parts if p not in cluster.dialect.missing_metrics)
     pods: dict[tuple[str, str], list[GpuSample]] = {}
     reported = 0
     injected = cluster.injected_series()
@@ -478,7 +505,7 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
     traffic = [
         nic_traffic(nic)
         for node, nics in cluster.nics().items()
-        if cluster.node_status(node) == "Ready"
+        if cluster.node_status(node) == "Ready" and cluster.exporter_running(node, NODE_EXPORTER_JOB)
         for nic in nics
     ]
     return {
@@ -489,7 +516,7 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
         "partially_idle_nodes": sum(0 < n["gpu_allocation"] < n["gpu_count"] for n in healthy),
         "busy_nodes": sum(n["gpu_allocation"] >= n["gpu_count"] > 0 for n in healthy),
         "allocation_rate": 100.0 * allocated / capacity if capacity else 0.0,
-        "utilization": sum(samples) / len(samples) if samples else 0.0,
+        "utilization": sum(samples) / len(samples) if samples else None,
         "storage_total_space": space,
         "storage_used_space": used,
         "storage_usage_percentage": None if space is None else 100.0 * used / space if space else 0.0,
@@ -502,6 +529,7 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
         else 0.0,
         "storage_read_bandwidth": sum(v["read_bytes_per_second"] for v in volumes),
         "storage_write_bandwidth": sum(v["written_bytes_per_second"] for v in volumes),
-        "rdma_total_rx": sum(rx for rx, _ in traffic),
-        "rdma_total_tx": sum(tx for _, tx in traffic),
+        # No InfiniBand counter scraped: nothing to add up, so unknown (not 0).
+        "rdma_total_rx": sum(rx for rx, _ in traffic) if traffic else None,
+        "rdma_total_tx": sum(tx for _, tx in traffic) if traffic else None,
     }

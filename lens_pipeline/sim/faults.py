@@ -86,19 +86,33 @@ def _node_missing_metadata(state: ClusterState, tag: str, rng: random.Random) ->
     return [("nodes", f"zz-unnamed-{tag}", {"apiVersion": "v1", "kind": "Node", "spec": {}, "status": {}})]
 
 
-def _node_capacity_not_a_number(state: ClusterState, tag: str, rng: random.Random) -> list[Injected]:
-    name = f"malformed-capacity-{tag}"
+def _ready_gpu_node(
+    state: ClusterState, name: str, rng: random.Random, capacity: dict, allocatable: dict
+) -> Injected:
+    """A Ready node with the vendor's product label and the given capacity and allocatable."""
     node = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "uid": new_uid(rng), "labels": {state.profile.product_label: "X"}},
         "status": {
-            "capacity": {state.resource: "eight", "cpu": "lots"},
-            "allocatable": {state.resource: 8.5},
+            "capacity": capacity,
+            "allocatable": allocatable,
             "conditions": [{"type": "Ready", "status": "True"}],
         },
     }
-    return [("nodes", name, node)]
+    return ("nodes", name, node)
+
+
+def _node_capacity_not_a_number(state: ClusterState, tag: str, rng: random.Random) -> list[Injected]:
+    capacity = {state.resource: "eight", "cpu": "lots"}
+    return [_ready_gpu_node(state, f"malformed-capacity-{tag}", rng, capacity, {state.resource: 8.5})]
+
+
+def _node_gpus_past_any_count(state: ClusterState, tag: str, rng: random.Random) -> list[Injected]:
+    """A Ready GPU node advertising 10^20 GPUs: a valid quantity no integer column holds."""
+    huge = "99999999999999999999"
+    capacity = {state.resource: huge, "cpu": "8"}
+    return [_ready_gpu_node(state, f"malformed-huge-capacity-{tag}", rng, capacity, {state.resource: huge})]
 
 
 def _node_no_status(state: ClusterState, tag: str, rng: random.Random) -> list[Injected]:
@@ -132,6 +146,16 @@ def _pod_gpus_not_a_number(state: ClusterState, tag: str, rng: random.Random) ->
     name = f"malformed-gpus-{tag}"
     pod = _pod(name, "default", state.resource, [], new_uid(rng))
     pod["spec"]["containers"] = [_gpu_container(state.resource, "eight")]
+    return [("pods", f"default/{name}", pod)]
+
+
+def _pod_gpus_past_any_count(state: ClusterState, tag: str, rng: random.Random) -> list[Injected]:
+    """A pod running on a real GPU node and asking for 10^20 GPUs (its node's sum would overflow)."""
+    name = f"malformed-huge-gpus-{tag}"
+    pod = _pod(name, "default", state.resource, [], new_uid(rng))
+    pod["spec"]["containers"] = [_gpu_container(state.resource, "99999999999999999999")]
+    pod["spec"]["nodeName"] = state.gpu_node_names()[0] if state.gpus else ""
+    pod["status"]["phase"] = "Running"
     return [("pods", f"default/{name}", pod)]
 
 
@@ -197,10 +221,12 @@ def _pod_owner_missing(state: ClusterState, tag: str, rng: random.Random) -> lis
 MALFORMED: dict[str, Callable[[ClusterState, str, random.Random], list[Injected]]] = {
     "node-missing-metadata": _node_missing_metadata,
     "node-capacity-not-a-number": _node_capacity_not_a_number,
+    "node-gpus-past-any-count": _node_gpus_past_any_count,
     "node-no-status": _node_no_status,
     "pod-missing-metadata": _pod_missing_metadata,
     "pod-containers-not-a-list": _pod_containers_not_a_list,
     "pod-gpus-not-a-number": _pod_gpus_not_a_number,
+    "pod-gpus-past-any-count": _pod_gpus_past_any_count,
     "pod-no-status": _pod_no_status,
     "pod-unknown-owner-kind": _pod_unknown_owner_kind,
     "pod-owner-cycle": _pod_owner_cycle,

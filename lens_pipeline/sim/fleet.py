@@ -55,6 +55,7 @@ CONTROL_ACTIONS = frozenset(
         "set_gpu_utilization",
         "set_gpu_present",
         "set_nic_present",
+        "set_exporter_running",
         "add_taint",
         "remove_taint",
         "cordon",
@@ -223,12 +224,15 @@ class SimCluster:
 
     def gpu_utilization_samples(self) -> dict[str, list[float]]:
         """Per-GPU utilization of every node whose exporter is up (a NotReady node's is down);
-        a vanished GPU has no sample."""
+        a vanished GPU has no sample, nor has a broken counter (NaN, or outside 0-100: no
+        percentage at all)."""
         with self._lock:
             state = self._state
             return {
                 name: [
-                    value for value, present in zip(gpus.utilization, gpus.present, strict=True) if present
+                    value
+                    for value, present in zip(gpus.utilization, gpus.present, strict=True)
+                    if present and 0.0 <= value <= 100.0
                 ]
                 for name, gpus in state.gpus.items()
                 if state.exporter_up(name)
@@ -496,6 +500,32 @@ class SimCluster:
             for owner in sorted(owners - {""}):
                 controllers.refresh(owner, self.now())
             self._record()
+
+    def set_dialect(self, dialect: ExporterDialect) -> None:
+        """The cluster's exporters speak `dialect` from now on (an upgrade, a configuration change);
+        what they wrote before lingers in Prometheus' name lists for its lookback window. Node
+        labels already written (GPU feature discovery's) stay as they are."""
+        with self._lock:
+            self.dialect = replace(dialect, lingering=replace(self.dialect, lingering=None))
+            self._state.dialect = self.dialect
+            self._state.changed()
+
+    def exporter_running(self, node: str, job: str) -> bool:
+        """Whether `node`'s exporter `job` runs (a NotReady node's does not answer either)."""
+        with self._lock:
+            return (node, job) not in self._state.exporters_down
+
+    def set_exporter_running(self, node: str, job: str, running: bool) -> None:
+        """An exporter (`job`: the GPU exporter's, or node_exporter's) of a Ready node crash-loops
+        (`running` False: its target answers no series) or recovers. The devices stay: only their
+        series are gone, so the truth leaves them out as it does a NotReady node's."""
+        with self._lock:
+            self._simulated_node(node)
+            if running:
+                self._state.exporters_down.discard((node, job))
+            else:
+                self._state.exporters_down.add((node, job))
+            self._state.changed()
 
     def set_gpu_utilization(self, node: str, gpu: int, value: float) -> None:
         """A GPU's utilization from now on (NaN or infinite too: what a broken exporter reports)."""

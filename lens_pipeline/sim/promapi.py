@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from lens_pipeline.sim import exporters, promql
-from lens_pipeline.sim.dialects import relabel
+from lens_pipeline.sim.dialects import ExporterDialect, relabel
 from lens_pipeline.sim.wire import SimRequest, SimResponse, json_response
 
 if TYPE_CHECKING:
@@ -103,16 +103,33 @@ def _evaluate_steps(
     return series
 
 
+def listed_series(cluster: SimCluster, metrics: Collection[str] | None = None) -> list[promql.Series]:
+    """The series whose names the metadata endpoints list: those of `query_series` and, as a
+    Prometheus remembers for its lookback window, those its exporters wrote in the dialect they
+    spoke minutes ago (`ExporterDialect.lingering`), which no instant query sees any more."""
+    current = query_series(cluster, metrics)
+    before = cluster.dialect.lingering
+    if before is None:
+        return current
+    return current + _series(cluster, exporters.scrape(cluster, metrics), before)
+
+
 def _series(
-    cluster: SimCluster, targets: dict[exporters.Target, list[exporters.Sample]]
+    cluster: SimCluster,
+    targets: dict[exporters.Target, list[exporters.Sample]],
+    dialect: ExporterDialect | None = None,
 ) -> list[promql.Series]:
     """The targets' samples as Prometheus stores them: the exporter's names in the cluster's
-    dialect, the target's labels added (`exported_*` where they clash, as under honor_labels:
-    false), empty labels dropped."""
+    dialect (or `dialect`), the target's labels added (`exported_*` where they clash, as under
+    honor_labels: false), empty labels dropped."""
     series: list[promql.Series] = []
     for target, samples in targets.items():
-        extra = {**exporters.target_labels(cluster, target), "job": target.job, "instance": target.instance}
-        for metric, labels, value in exporters.exposed(cluster, target, samples):
+        extra = {
+            **exporters.target_labels(cluster, target, dialect),
+            "job": target.job,
+            "instance": target.instance,
+        }
+        for metric, labels, value in exporters.exposed(cluster, target, samples, dialect):
             stored = relabel(labels, extra)
             stored["__name__"] = metric
             series.append((stored, value))
@@ -146,7 +163,7 @@ def handle_prometheus(cluster: SimCluster, req: SimRequest, path: str) -> SimRes
             200, {"status": "success", "data": {"version": "2.53.0-lens-sim", "revision": "sim"}}
         )
     if path == "/api/v1/label/__name__/values":
-        names = sorted({labels["__name__"] for labels, _ in query_series(cluster)})
+        names = sorted({labels["__name__"] for labels, _ in listed_series(cluster)})
         return json_response(200, {"status": "success", "data": names})
     if path == "/api/v1/labels":
         return _label_names(cluster, req)
@@ -161,7 +178,8 @@ def handle_prometheus(cluster: SimCluster, req: SimRequest, path: str) -> SimRes
 
 def _label_names(cluster: SimCluster, req: SimRequest) -> SimResponse:
     """`/api/v1/labels`: the label names of the series the `match[]` selectors match (all series
-    without one). The simulator keeps no history, so `start` and `end` change nothing."""
+    without one), lingering ones included. The simulator keeps no history, so `start` and `end`
+    change nothing."""
     selectors = req.form().get("match[]") or []
     try:
         parsed = [promql.parse(s) for s in selectors]
@@ -170,7 +188,7 @@ def _label_names(cluster: SimCluster, req: SimRequest) -> SimResponse:
     metrics: set[str] | None = None
     if parsed and all(promql.metric_names(p) is not None for p in parsed):
         metrics = {m for p in parsed for m in promql.metric_names(p) or ()}
-    series = query_series(cluster, metrics)
+    series = listed_series(cluster, metrics)
     matched = (
         [labels for p in parsed for labels, _ in p.evaluate(series)] if parsed else [s for s, _ in series]
     )

@@ -1,6 +1,7 @@
 """A tiny PromQL evaluator over instant samples: vector selectors with `=`, `!=`, `=~`, `!~` matchers,
-`sum|avg|max|min|count` aggregations with `by`/`without`, `rate`/`irate` of a range selector, and a
-comparison with a number as a filter: enough for the queries the pipeline makes.
+`sum|avg|max|min|count` aggregations with `by`/`without`, `rate`/`irate` of a range selector,
+comparisons with a number as filters, `label_replace` and `or`: enough for the queries the pipeline
+makes.
 
 The simulator keeps no history: counters grow at a steady rate, so `rate(x[d])` is that rate
 whatever `d` is. Callers pass the per-second rates of counters beside the instant samples."""
@@ -95,6 +96,65 @@ def _identity(labels: Labels) -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
+class LabelReplace:
+    """`label_replace(v, dst, replacement, src, regex)`: where `regex` matches the whole of `src`'s
+    value, `dst` becomes `replacement` with `$1` / `${1}` / `${name}` expanded (removed when empty)."""
+
+    inner: Expr
+    destination: str
+    replacement: str
+    source: str
+    regex: str
+
+    def evaluate(self, series: Iterable[Series], rates: Iterable[Series] = ()) -> list[Series]:
+        out = []
+        for labels, value in self.inner.evaluate(series, rates):
+            found = re.fullmatch(self.regex, labels.get(self.source, ""))
+            if found is not None:
+                text = _expand(found, self.replacement)
+                labels = {k: v for k, v in labels.items() if k != self.destination}
+                if text:
+                    labels[self.destination] = text
+            out.append((labels, value))
+        return out
+
+
+def _expand(found: re.Match[str], replacement: str) -> str:
+    """`replacement` with `$1`, `${1}` and `${name}` taken from the match, as Go's Expand does."""
+    return re.sub(
+        r"\$(?:\{(\w+)\}|(\d+))",
+        lambda g: found.group(int(g[2]) if g[2] else _group_key(g[1])) or "",
+        replacement,
+    )
+
+
+def _group_key(name: str) -> int | str:
+    return int(name) if name.isdigit() else name
+
+
+@dataclass(frozen=True)
+class Union:
+    """`a or b`: every sample of `a`, and those of `b` whose labels (but the metric name) `a` has not."""
+
+    left: Expr
+    right: Expr
+
+    def evaluate(self, series: Iterable[Series], rates: Iterable[Series] = ()) -> list[Series]:
+        series, rates = list(series), list(rates)
+        left = self.left.evaluate(series, rates)
+        seen = {_identity(_without_name(labels)) for labels, _ in left}
+        return left + [
+            (labels, value)
+            for labels, value in self.right.evaluate(series, rates)
+            if _identity(_without_name(labels)) not in seen
+        ]
+
+
+def _without_name(labels: Labels) -> Labels:
+    return {k: v for k, v in labels.items() if k != "__name__"}
+
+
+@dataclass(frozen=True)
 class Aggregation:
     op: str
     grouping: tuple[str, ...]
@@ -119,7 +179,7 @@ class Aggregation:
         ]
 
 
-Expr = Selector | Aggregation | Rate | Comparison
+Expr = Selector | Aggregation | Rate | Comparison | LabelReplace | Union
 
 
 def _aggregate(op: str, values: Sequence[float]) -> float:
@@ -166,7 +226,8 @@ def _tokenize(query: str) -> list[tuple[str, str]]:
         if m is None:
             raise PromQLError(
                 f"unexpected character {query[position:].lstrip()[:1]!r} at position {position} "
-                f"(the simulator supports selectors, sum/avg/max/min/count, rate/irate and comparisons only)"
+                f"(the simulator supports selectors, sum/avg/max/min/count, rate/irate, comparisons, "
+                f"label_replace and or only)"
             )
         kind = m.lastgroup or ""
         tokens.append((kind, m.group(kind)))
@@ -203,11 +264,21 @@ class _Parser:
         return expr
 
     def expr(self) -> Expr:
+        # `or` binds loosest: `a > 1 or b` is `(a > 1) or b`.
+        union = self.comparisons()
+        while self.at("ident", "or"):
+            self.position += 1
+            union = Union(union, self.comparisons())
+        return union
+
+    def comparisons(self) -> Expr:
         inner = self.operand()
         token = self.peek()
-        if token is not None and (token[0] == "cmp" or token == ("op", "!=")):
+        # Comparisons with a number filter in turn, left to right (`x >= 0 <= 100`).
+        while token is not None and (token[0] == "cmp" or token == ("op", "!=")):
             self.position += 1
-            return Comparison(inner, token[1], float(self.take("number")))
+            inner = Comparison(inner, token[1], float(self.take("number")))
+            token = self.peek()
         return inner
 
     def operand(self) -> Expr:
@@ -223,6 +294,8 @@ class _Parser:
             self.take("range")
             self.take("punct", ")")
             return Rate(selector)
+        if token == ("ident", "label_replace") and self.peek(1) == ("punct", "("):
+            return self.label_replace()
         if token is not None and token[0] == "ident" and token[1] in AGGREGATIONS:
             following = self.peek(1)
             if following is not None and (following[1] == "(" or following[1] in ("by", "without")):
@@ -231,6 +304,20 @@ class _Parser:
             return self.selector()
         found = "end of input" if token is None else repr(token[1])
         raise PromQLError(f"parse error in {self.query!r}: expected a selector or aggregation, found {found}")
+
+    def label_replace(self) -> LabelReplace:
+        self.position += 2
+        inner = self.expr()
+        texts = []
+        for _ in range(4):
+            self.take("punct", ",")
+            texts.append(_unquote(self.take("string")))
+        self.take("punct", ")")
+        try:
+            re.compile(texts[3])
+        except re.error as exc:
+            raise PromQLError(f"invalid regular expression {texts[3]!r}: {exc}") from exc
+        return LabelReplace(inner, *texts)
 
     def grouping(self) -> tuple[bool, tuple[str, ...]]:
         without = self.take("ident") == "without"
@@ -288,7 +375,10 @@ def parse(query: str) -> Expr:
 def metric_names(expr: Expr) -> frozenset[str] | None:
     """The metric names whose series the expression can read, or None when a selector has no
     `__name__="..."` matcher (then every series is a candidate)."""
-    if isinstance(expr, (Aggregation, Comparison)):
+    if isinstance(expr, Union):
+        left, right = metric_names(expr.left), metric_names(expr.right)
+        return None if left is None or right is None else left | right
+    if isinstance(expr, (Aggregation, Comparison, LabelReplace)):
         return metric_names(expr.inner)
     selector = expr.selector if isinstance(expr, Rate) else expr
     names = [m.value for m in selector.matchers if m.label == "__name__" and m.op == "="]

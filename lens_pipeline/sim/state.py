@@ -82,6 +82,8 @@ class ClusterState:
         self.dialect = dialect
         # Scrape targets added by hand (sim.exporters.Target -> samples), beside the simulated ones.
         self.injected_series: dict[Any, list[tuple[str, dict[str, str], float]]] = {}
+        # (node, job) of exporters that crash-loop on a node that is itself Ready: no series.
+        self.exporters_down: set[tuple[str, str]] = set()
         self.resource = profile.resource
         self.clock = clock
         self.stores = {kind.plural: ObjectStore(kind.plural) for kind in KINDS}
@@ -176,8 +178,12 @@ class ClusterState:
         return out
 
     def exporter_up(self, node: str) -> bool:
+        """Whether `node`'s GPU exporter is scraped: it runs on the node, so it is down with it,
+        and on its own when it crash-loops."""
         entry = self.stores["nodes"].get(node)
-        return entry is not None and node in self.gpus and node_ready_status(entry.obj) == "Ready"
+        if entry is None or node not in self.gpus or (node, self.profile.exporter_job) in self.exporters_down:
+            return False
+        return node_ready_status(entry.obj) == "Ready"
 
     def free_gpus(self, node: str) -> int:
         return self.allocatable.get(node, 0) - self.allocated.get(node, 0)

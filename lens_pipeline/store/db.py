@@ -9,6 +9,7 @@ SQLITE_BUSY instead of waiting.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -19,18 +20,39 @@ from urllib.parse import quote
 import orjson
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from lens_pipeline.store.write_behind import write_behind
 
 _ENGINES: dict[str, Engine] = {}
+
+# A NUL escape in JSON text: `\u0000` whose backslash is not itself escaped (an even number of
+# backslashes before it; after an odd number it is the text "\u0000" written out).
+_JSON_NUL = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+
+
+def json_text(value: Any) -> str:
+    """A JSON column's value as text. A NUL inside a string (an annotation may hold one) becomes
+    U+FFFD on every dialect: PostgreSQL's jsonb refuses it, and one such value would fail the whole
+    write of the cluster's objects."""
+    text = orjson.dumps(value).decode()
+    return _JSON_NUL.sub(r"\1\\ufffd", text) if "\\u0000" in text else text
+
+
 # JSON columns (labels, snapshots) through orjson: several times faster both ways than `json`.
-JSON_CODEC = {
-    "json_serializer": lambda value: orjson.dumps(value).decode(),
-    "json_deserializer": orjson.loads,
-}
+JSON_CODEC = {"json_serializer": json_text, "json_deserializer": orjson.loads}
 _LOCK = threading.Lock()
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 SQLITE_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the database is away (down, unreachable, overloaded, locked, the connection
+    lost) rather than that the statement or its data is wrong: the first is worth waiting for."""
+    if isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeout):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 # A URL that names no driver gets the first of these that is installed: the drivers the package

@@ -93,7 +93,7 @@ def append_events(conn: Connection, rows: Sequence[dict], quarantined: list | No
             continue
         fresh.setdefault((row["cluster_name"], row["event_key"]), {**row, "record": record})
     if unloggable:
-        quarantine(conn, "log", [(_dead_letter_row(row), reason) for row, reason in unloggable])
+        quarantine(conn, "log", [(received_dead_letter_row(row), reason) for row, reason in unloggable])
         if quarantined is not None:
             quarantined.extend(unloggable)
     by_cluster: dict[str, list[dict]] = {}
@@ -209,7 +209,8 @@ def dead_letter_row(cluster: str, event: LoggedEvent) -> dict:
     }
 
 
-def _dead_letter_row(row: dict) -> dict:
+def received_dead_letter_row(row: dict) -> dict:
+    """An event as received (a row of `lens_pipeline.ingest.events`) as a dead-letter row."""
     return {
         "cluster_name": row.get("cluster_name", ""),
         "source": row.get("source"),

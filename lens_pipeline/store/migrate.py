@@ -19,7 +19,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, DateTime, Engine, inspect, text
 
 from lens_pipeline.store.schema import lens_metadata, safe_metadata
 
@@ -130,3 +130,29 @@ def _migration_lock(engine: Engine, database: Database) -> Iterator[None]:
                 lock_conn.execute(text("SELECT RELEASE_LOCK(:k)"), {"k": f"lens_migrate_{database}"})
     else:
         yield
+
+
+def normalize_sqlite_times(connection: Connection) -> None:
+    """Migrations 0009 (Lens) and 0002 (SaFE), on SQLite: every stored time in the text form
+    SQLAlchemy compares with (`YYYY-MM-DD HH:MM:SS.ffffff`). Bulk writes used to store a time of
+    whole seconds without its fraction, which sorts before the same time with one, so `>=` missed
+    the row (an hour's statistics were read as absent and overwritten). A row that cannot take the
+    new form because its twin already has it (the same key written since in the new form) is the
+    same row written twice: the old one goes."""
+    if connection.dialect.name != "sqlite":
+        return
+    inspector = inspect(connection)
+    for table in inspector.get_table_names():
+        unique = {c for u in inspector.get_unique_constraints(table) for c in u["column_names"]}
+        for column in inspector.get_columns(table):
+            if not isinstance(column["type"], DateTime):
+                continue
+            name = f'"{column["name"]}"'
+            connection.exec_driver_sql(
+                f"UPDATE OR IGNORE \"{table}\" SET {name} = {name} || '.000000' "
+                f"WHERE typeof({name}) = 'text' AND length({name}) = 19"
+            )
+            if column["name"] in unique:
+                connection.exec_driver_sql(
+                    f"DELETE FROM \"{table}\" WHERE typeof({name}) = 'text' AND length({name}) = 19"
+                )

@@ -36,15 +36,10 @@ def stored_overview(conn: Connection, cluster_name: str) -> dict[str, Any] | Non
 
 
 def kept_figures(previous: Mapping[str, Any] | None, names: tuple[str, ...]) -> dict[str, Any]:
-    """The last stored value of each figure, for a turn whose Prometheus did not answer.
-
-    With no stored row yet, a figure that may be unknown is NULL; the others (RDMA, used space,
-    bandwidth: zero when nothing is measured) start at 0.0, as their NOT NULL columns require.
-    """
+    """The last stored value of each figure, for a turn whose Prometheus did not answer; unknown
+    (NULL) when there is no stored row yet."""
     previous = previous or {}
-    return {
-        name: previous.get(name, None if cluster_overview_cache.c[name].nullable else 0.0) for name in names
-    }
+    return {name: previous.get(name) for name in names}
 
 
 def write_overview(conn: Connection, cluster_name: str, figures: dict[str, float], *, now: datetime) -> None:

@@ -436,7 +436,8 @@ cluster_overview_cache = Table(
             "busy_nodes",
         )
     ),
-    # Unknown is NULL, never 0: no GPU series, or a JuiceFS volume without a quota (migration 0005).
+    # Unknown is NULL, never 0: no GPU series, a JuiceFS volume without a quota (migration 0005) or
+    # without series, no InfiniBand counters, Prometheus not asked yet (migration 0009).
     *(
         Column(c, Float, nullable=True, server_default=text("0"))
         for c in (
@@ -445,12 +446,6 @@ cluster_overview_cache = Table(
             "storage_usage_percentage",
             "storage_total_inodes",
             "storage_inodes_usage_percentage",
-        )
-    ),
-    *(
-        _figure(c, Float)
-        for c in (
-            "allocation_rate",
             "storage_used_space",
             "storage_used_inodes",
             "storage_read_bandwidth",
@@ -459,6 +454,7 @@ cluster_overview_cache = Table(
             "rdma_total_rx",
         )
     ),
+    _figure("allocation_rate", Float),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     UniqueConstraint("cluster_name"),

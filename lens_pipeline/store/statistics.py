@@ -157,8 +157,11 @@ def write_statistics(conn: Connection, rows: Sequence[Row]) -> None:
     bulk_upsert(conn, workload_statistic, rows)
 
 
-def write_consumers(conn: Connection, cluster_name: str, rows: Sequence[Row], *, now: datetime) -> SyncResult:
-    """The cluster's consumers become `rows`; consumers that ended lose their row."""
+def write_consumers(
+    conn: Connection, cluster_name: str, rows: Sequence[Row], *, now: datetime, unreadable: Iterable[str] = ()
+) -> SyncResult:
+    """The cluster's consumers become `rows`; consumers that ended lose their row, those whose stored
+    rows could not be read this run (`unreadable` uids) keep theirs."""
     return sync_snapshot(
         conn,
         gpu_consumers,
@@ -166,6 +169,7 @@ def write_consumers(conn: Connection, cluster_name: str, rows: Sequence[Row], *,
         [{"cluster_name": cluster_name, **row} for row in rows],
         now=now,
         on_vanish="delete",
+        protect=[(cluster_name, uid) for uid in unreadable],
     )
 
 

@@ -355,14 +355,14 @@ def _driver_values(
 def _driver_columns(
     dialect: Dialect, table: Table, columns: Sequence[str], rows: Sequence[Mapping]
 ) -> list[list]:
-    """The values of each column as the driver takes them, through the dialect's bind processor of
-    the column type (timestamps to UTC, JSON to text...), exactly as SQLAlchemy binds a parameter,
-    so that stored values compare equal to bound ones (SQLite keeps timestamps as text: a whole
-    second must be `...:00.000000` there, as in a WHERE clause, not `...:00`); a column without
-    one passes its values through untouched."""
+    """The values of each column as the driver takes them, through the column type's bind processor
+    (timestamps to UTC, JSON to text...); a column without one passes its values through untouched."""
     by_column = [[row[c] for row in rows] for c in columns]
     for column, values in zip(columns, by_column, strict=True):
-        process = table.c[column].type.dialect_impl(dialect).bind_processor(dialect)
+        # The dialect's own type: a TypeDecorator's bind_processor alone applies only the generic
+        # type's (SQLite then got datetimes in another text form than its queries compare with).
+        column_type = table.c[column].type.dialect_impl(dialect)
+        process = column_type.bind_processor(dialect)
         if process is not None:
             _convert(values, process)
     return by_column

@@ -45,7 +45,6 @@ from sqlalchemy import Connection, Table, event
 from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import ColumnClause, TextClause
 from sqlalchemy.sql.selectable import TableClause, TextualSelect
-from sqlalchemy.sql.util import find_tables
 
 MAX_PENDING_BYTES = 24 << 20
 _INFO_KEY = "lens_write_behind"
@@ -237,6 +236,7 @@ def _statement_tables(context: Any) -> set[str] | None:
     statement = getattr(compiled, "statement", None)
     if statement is None:
         return None
+    tables: set[str] = set()
     for element in visitors.iterate(statement):
         if isinstance(element, TextClause | TextualSelect):
             return None
@@ -244,9 +244,10 @@ def _statement_tables(context: Any) -> set[str] | None:
             return None
         if isinstance(element, TableClause) and not isinstance(element, Table):
             return None
-    tables = {
-        t.name for t in find_tables(statement, check_columns=True, include_crud=True) if isinstance(t, Table)
-    }
+        if isinstance(element, Table):
+            tables.add(element.name)
+        elif isinstance(element, ColumnClause) and isinstance(element.table, Table):
+            tables.add(element.table.name)
     return tables or None
 
 

@@ -141,7 +141,8 @@ def test_overview_cache_miss_is_computed_live_from_the_node_table(served):
             "allocationRate",
         ):
             assert live[field] == pytest.approx(want[field]), field
-        assert live["total_space"] == 0  # needs Prometheus: the asset fills it
+        # Storage and RDMA need Prometheus: unknown (null, never 0) until the asset fills them.
+        assert live["total_space"] is None and live["used_space"] is None and live["total_rx"] is None
     finally:
         with write_transaction(engine) as conn:
             conn.execute(cluster_overview_cache.insert(), [{k: cached[k] for k in cached if k != "id"}])
@@ -406,3 +407,28 @@ def test_a_lost_database_connection_is_a_503_then_recovers(served):
         assert (status, body["meta"]["code"]) == (503, 5030)  # said clearly, not a 500
     for _ in range(2):
         assert api.get("/v1/clusters/overview", cluster=cluster)[0] == 200
+
+
+def test_a_statement_the_database_refuses_is_a_500_not_an_outage():
+    """Only a database that is away is a 503 (and counted as such): a statement it refuses while it
+    answers (here a column renamed under the API, PostgreSQL's UndefinedColumn) is our bug, a 500,
+    and the outage counter stays at zero."""
+    from fastapi.testclient import TestClient
+
+    from lens_pipeline.store.migrate import ensure_schema
+
+    database = _server_database("postgresql", "api500")
+    url = next(database)
+    try:
+        engine = get_engine(url)
+        ensure_schema(engine, "lens")
+        with write_transaction(engine) as conn:
+            conn.execute(node.insert(), [{"cluster_name": "c1", "name": "n1", "gpu_count": 8}])
+            conn.exec_driver_sql("ALTER TABLE node RENAME COLUMN gpu_count TO gpu_total")
+        client = TestClient(create_app(engine), raise_server_exceptions=False)
+        answer = client.get("/v1/nodes", params={"cluster": "c1"})
+        assert (answer.status_code, answer.json()["meta"]["code"]) == (500, 5000)
+        assert "ProgrammingError" in answer.json()["meta"]["message"]
+        assert "lens_api_database_errors_total 0.0" in client.get("/metrics").text
+    finally:
+        database.close()

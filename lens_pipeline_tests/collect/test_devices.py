@@ -93,7 +93,58 @@ def test_series_are_matched_to_nodes_by_name_address_or_instance_and_strangers_a
     ]
     assert found.unmatched_nodes == {"10.9.9.9:9400", "(no instance label)"}
     assert found.without_identity == ["n1/1"] and found.nonfinite == ["n1/1"]
-    assert nodes_without_gpu_series({"n1", "n2"}, found.rows) == ["n2"]
+    assert nodes_without_gpu_series({"n1", "n2"}, found.nodes) == ["n2"]
+
+
+def test_a_gpu_reported_by_conflicting_series_is_left_out_and_its_node_is_not_silent():
+    """Two series for n1/0 with different serials (a second exporter, a stale target): neither is
+    believed. n1/1 is reported twice with the same identity (what `duplicate_query` finds) and is
+    left out too; n1/2 is fine. Two node label values naming one node (name and address) collide."""
+    identity = [
+        ({"Hostname": "n1", "gpu": "0", "UUID": "GPU-a"}, 10.0),
+        ({"Hostname": "n1", "gpu": "0", "UUID": "GPU-b"}, 12.0),
+        ({"Hostname": "n1", "gpu": "1", "UUID": "GPU-c"}, 20.0),
+        ({"Hostname": "n1", "gpu": "2", "UUID": "GPU-d"}, 30.0),
+        ({"Hostname": "n2", "gpu": "0", "UUID": "GPU-e"}, 1.0),
+        ({"Hostname": "10.0.0.2", "gpu": "0", "UUID": "GPU-e"}, 1.0),
+    ]
+    duplicates = [{"Hostname": "n1", "gpu": "1"}]
+    found = gpu_device_rows(NVIDIA, identity, {}, {}, NODES, duplicates)
+    assert [(r["node_name"], r["gpu_id"], r["serial"]) for r in found.rows] == [("n1", 2, "GPU-d")]
+    assert found.duplicated == {("n1", 0), ("n1", 1), ("n2", 0)}
+    assert nodes_without_gpu_series({"n1", "n2"}, found.nodes) == []  # seen, only not believed
+
+
+def test_impossible_figures_are_unknown_and_named():
+    identity = [
+        ({"hostname": "n1", "gpu_id": "0", "serial_number": "S0"}, 1e6),
+        ({"hostname": "n1", "gpu_id": "1", "serial_number": "S1"}, -3.0),
+        ({"hostname": "n1", "gpu_id": "2", "serial_number": "S2"}, 100.0),
+    ]
+    figures = {
+        "temperature": [
+            ({"hostname": "n1", "gpu_id": "0"}, 65535.0),
+            ({"hostname": "n1", "gpu_id": "2"}, 40.0),
+        ],
+        "power": [({"hostname": "n1", "gpu_id": "1"}, -1.0), ({"hostname": "n1", "gpu_id": "2"}, 0.0)],
+        "vram_total": [
+            ({"hostname": "n1", "gpu_id": "1"}, -196592.0),
+            ({"hostname": "n1", "gpu_id": "2"}, 8.0),
+        ],
+    }
+    found = gpu_device_rows(AMD, identity, figures, {}, NODES)
+    figures_of = {
+        r["gpu_id"]: (r["utilization"], r["temperature"], r["power"], r["memory"]) for r in found.rows
+    }
+    assert figures_of == {0: (None, None, None, None), 1: (None, None, None, None), 2: (100.0, 40.0, 0.0, 8)}
+    assert sorted(found.out_of_range) == [
+        "n1/0 temperature=65535",
+        "n1/0 utilization=1e+06",
+        "n1/1 memory=[-196592.0]",
+        "n1/1 power=-1",
+        "n1/1 utilization=-3",
+    ]
+    assert not found.nonfinite
 
 
 def test_node_index_reads_hosts_of_instances():
@@ -134,3 +185,27 @@ def test_nics_from_node_exporter_info():
         [({"instance": "10.0.0.2:9100", "device": "mlx5_0"}, 1.0)], by_instance, NODES
     )
     assert [r["node_name"] for r in rows] == ["n2"] and not unmatched
+
+
+def test_amd_default_labels_name_the_model_by_the_node_product_label_then_card_model():
+    """AMD's exporter by default has no `card_series` (the market name), only `card_model` (a board
+    part number): the node's product label names the model, `card_model` only without one."""
+    identity = [
+        ({"hostname": "n1", "gpu_id": "0", "serial_number": "S0", "card_model": "102-G30211-00"}, 1.0),
+        ({"hostname": "n2", "gpu_id": "0", "serial_number": "S1", "card_model": "102-G30211-00"}, 1.0),
+    ]
+    assert "card_model" in AMD.identity_query()
+    rows = gpu_device_rows(AMD, identity, {}, {"n1": "AMD_Instinct_MI300X_OAM"}, NODES).rows
+    assert [r["gpu_model"] for r in rows] == ["AMD_Instinct_MI300X_OAM", "102-G30211-00"]
+
+
+def test_an_index_label_that_is_no_plain_number_is_no_index():
+    """ "²" and other scripts' digits pass `str.isdigit` but not `int`; a 20-digit index fits no
+    column: each is a series without a GPU index (counted by the asset), never an exception."""
+    identity = [
+        ({"hostname": "n1", "gpu_id": index, "serial_number": f"S{n}"}, 1.0)
+        for n, index in enumerate(["²", "٣", "99999999999999999999", "-1", " 1", "3"])
+    ]
+    found = gpu_device_rows(AMD, identity, {}, {}, NODES)
+    assert [(r["gpu_id"], r["serial"]) for r in found.rows] == [(3, "S5")]
+    assert len(found.without_index) == 5

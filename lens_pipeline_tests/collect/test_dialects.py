@@ -39,7 +39,7 @@ def test_a_metric_prefix_is_found_from_the_utilization_metric():
     (amd,) = learn_dialect("amd", names, labels_of({"amd_gpu_gfx_activity": AMD_LABELS})).profiles
     assert amd.util_metric == "amd_gpu_gfx_activity" and amd.metric_prefix == "amd_"
     assert amd.device_metrics == {f: f"amd_{m}" for f, m in AMD.device_metrics.items()}
-    assert amd.node_utilization_query() == "avg by (hostname) (amd_gpu_gfx_activity >= 0)"
+    assert amd.node_utilization_query() == "avg by (hostname) (amd_gpu_gfx_activity >= 0 <= 100)"
 
 
 def test_honor_labels_false_moves_the_pod_to_exported_labels():
@@ -63,6 +63,69 @@ def test_the_node_label_is_the_first_one_present(labels, expected):
     assert nvidia.node_label == expected
 
 
+def counts(current: dict[str, float], asked: list[list[str]]):
+    def series_counts(selectors):
+        asked.append(list(selectors))
+        return {s: current.get(s, 0.0) for s in selectors}
+
+    return series_counts
+
+
+def test_a_name_still_in_the_lookback_loses_to_the_one_with_series_now():
+    """Minutes after an exporter upgrade or a scrape config change, Prometheus lists the old names
+    too: an AMD prefix just set, dcgm-exporter's `Hostname` renamed `hostname`, a relabelled
+    `node` removed from node_exporter's targets. The names with series now win, in two queries."""
+    names = AMD_METRICS | {f"amd_{m}" for m in AMD_METRICS} | {"DCGM_FI_DEV_GPU_UTIL", "node_infiniband_info"}
+    table = {
+        "amd_gpu_gfx_activity": AMD_LABELS | {"instance"},
+        "DCGM_FI_DEV_GPU_UTIL": {"Hostname", "hostname", "gpu", "UUID", "instance"},
+        "node_infiniband_info": {"node", "instance", "device"},
+    }
+    current = {
+        "amd_gpu_gfx_activity": 64,
+        'amd_gpu_gfx_activity{hostname!=""}': 64,
+        'amd_gpu_gfx_activity{instance!=""}': 64,
+        'DCGM_FI_DEV_GPU_UTIL{hostname!=""}': 16,
+        'DCGM_FI_DEV_GPU_UTIL{instance!=""}': 16,
+        'node_infiniband_info{instance!=""}': 8,
+    }
+    asked: list[list[str]] = []
+    dialect = learn_dialect("auto", names, labels_of(table), series_counts=counts(current, asked))
+    amd, nvidia = dialect.profiles
+    assert (amd.metric_prefix, amd.node_label) == ("amd_", "hostname")
+    assert nvidia.node_label == "hostname" and dialect.nic.node_label == "instance"
+    assert asked[0] == ["gpu_gfx_activity", "amd_gpu_gfx_activity"] and len(asked) == 2
+    assert 'DCGM_FI_DEV_GPU_UTIL{Hostname!=""}' in asked[1] and 'node_infiniband_info{node!=""}' in asked[1]
+    # The names alone choose the stale ones.
+    stale = learn_dialect("auto", names, labels_of(table))
+    assert stale.profiles[0].metric_prefix == "" and stale.profiles[1].node_label == "Hostname"
+    assert stale.nic.node_label == "node"
+
+
+@pytest.mark.parametrize(
+    ("current", "expected"),
+    [
+        ({"Hostname": 8, "hostname": 8, "instance": 8}, "Hostname"),  # a tie: the preferred
+        ({"Hostname": 3, "hostname": 5, "instance": 8}, "hostname"),  # mid-rollout: the most series
+        ({"Hostname": 0, "hostname": 0, "instance": 8}, "instance"),  # only the address is current
+        ({}, "Hostname"),  # nothing current at all: what the names say
+    ],
+)
+def test_the_node_label_with_most_current_series_wins_and_instance_only_when_alone(current, expected):
+    labels = {"Hostname", "hostname", "gpu", "UUID", "instance"}
+    series = {f'DCGM_FI_DEV_GPU_UTIL{{{label}!=""}}': n for label, n in current.items()}
+    nvidia = learn_profile(NVIDIA, {"DCGM_FI_DEV_GPU_UTIL"}, labels, current=series)
+    assert nvidia.node_label == expected
+
+
+def test_one_candidate_each_asks_nothing_more():
+    asked: list[list[str]] = []
+    learn_dialect(
+        "amd", AMD_METRICS, labels_of({"gpu_gfx_activity": AMD_LABELS}), series_counts=counts({}, asked)
+    )
+    assert asked == []
+
+
 def test_dcgm_old_namespace_labels_and_missing_figures():
     names = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP"}
     labels = {"Hostname", "gpu", "uuid", "pod_name", "pod_namespace"}
@@ -76,6 +139,27 @@ def test_dcgm_old_namespace_labels_and_missing_figures():
     assert set(nvidia.device_metrics) == {"vram_used", "vram_free", "temperature"}
     # Power is missing (a custom counters CSV); the reserve is optional (exporters before 4.3.1).
     assert dialect.missing == ("dcgm-exporter: no series for power",)
+
+
+def test_dcgm_old_namespace_under_honor_labels_false_reads_pod_name_not_the_exporters_pod():
+    """The target's `pod` (the exporter's own pod) beside dcgm-exporter's `pod_name`: no target
+    carries `pod_name`, so it names the workload, and nothing more needs asking."""
+    labels = {"hostname", "gpu", "uuid", "pod_name", "pod_namespace", "pod", "namespace", "container"}
+    asked: list[tuple[str, str]] = []
+
+    def pod_is_targets(metric: str, pod_label: str) -> bool:
+        asked.append((metric, pod_label))
+        return True
+
+    table = {"DCGM_FI_DEV_GPU_UTIL": labels}
+    dialect = learn_dialect(
+        "nvidia", {"DCGM_FI_DEV_GPU_UTIL"}, labels_of(table), pod_is_targets_of=pod_is_targets
+    )
+    assert (dialect.profiles[0].pod_label, dialect.profiles[0].namespace_label) == (
+        "pod_name",
+        "pod_namespace",
+    )
+    assert asked == []
 
 
 def test_mi200_figures_fall_back_to_their_own_metrics():

@@ -57,8 +57,9 @@ def statistics_config(config: dict) -> dict:
 
 # Prometheus requests that learn a cluster's exporter dialect, once per turn, when its GPUs carry a
 # `pod` label (lens_pipeline.prom.dialect): metric names, the GPU series' labels, the exporter
-# series' and the exporter targets' (instance, pod) pairs, the InfiniBand series' labels.
-DIALECT_REQUESTS = 5
+# series' and the exporter targets' (instance, pod) pairs, the InfiniBand series' labels, and the
+# current series of the node label candidates (the exporter's and `instance`), in one query.
+DIALECT_REQUESTS = 6
 
 # Nothing listens on port 9 (discard) here: connections are refused at once.
 DEAD_URL = "http://127.0.0.1:9"

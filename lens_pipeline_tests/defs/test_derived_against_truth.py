@@ -11,7 +11,7 @@ import pytest
 from dagster import instance_for_test
 from sqlalchemy import select
 
-from lens_pipeline.collect.overview import OVERVIEW_FIGURES
+from lens_pipeline.collect.overview import OVERVIEW_FIGURES, RDMA_FIGURES, STORAGE_FIGURES
 from lens_pipeline.defs import resources
 from lens_pipeline.defs.partitions import (
     ASSET_PARTITION_RANGE_END_TAG,
@@ -39,9 +39,11 @@ IDLE_BELOW = 5.0
 STATISTICS = {"step_seconds": 1, "idle_threshold_percent": IDLE_BELOW, "first_window_seconds": 60}
 
 
-def materialize_everything(registry, lens_url: str, safe_url: str, instance, **partitions):
-    """Every asset, for the cluster (`partition_key=`) or the range of clusters (`tags=`) given."""
+def materialize_everything(registry, lens_url: str, safe_url: str, instance, assets=None, **partitions):
+    """Every asset (or the named `assets`), for the cluster (`partition_key=`) or the range of
+    clusters (`tags=`) given."""
     return materialize_cluster(
+        assets,
         instance=instance,
         run_config=statistics_config(STATISTICS),
         resources={
@@ -248,8 +250,8 @@ def test_every_dialect_alone_on_both_vendors_gives_the_truth(tmp_path, db_urls):
 def test_first_overview_without_prometheus_stores_the_kubernetes_figures(tmp_path, db_urls):
     """A cluster registered without `prometheus_url` has no previous row to keep figures from:
     its first overview (selected with the Kubernetes collectors it reads; `gpu_devices` needs
-    Prometheus) stores the node counts and the allocation rate, leaves what only Prometheus knows
-    unknown (NULL) or at its measured-nothing zero, and says so in a warning check."""
+    Prometheus) stores the node counts and the allocation rate, leaves every figure only Prometheus
+    knows unknown (NULL, never 0), and says so in a warning check."""
     fleet = SimFleet.generate(clusters=1, nodes=4, seed=8, vendor="amd")
     (cluster,) = fleet
     lens_url, safe_url = db_urls
@@ -279,5 +281,5 @@ def test_first_overview_without_prometheus_stores_the_kubernetes_figures(tmp_pat
         assert row["total_nodes"] == want["total_nodes"] and row["allocation_rate"] == pytest.approx(
             want["allocation_rate"]
         )
-        assert row["utilization"] is None and row["storage_total_space"] is None
-        assert row["rdma_total_rx"] == 0.0 and row["storage_used_space"] == 0.0
+        prometheus_only = ("utilization", *STORAGE_FIGURES, *RDMA_FIGURES)
+        assert {figure: row[figure] for figure in prometheus_only} == dict.fromkeys(prometheus_only)

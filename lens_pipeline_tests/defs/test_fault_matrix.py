@@ -364,15 +364,15 @@ def test_one_broken_cluster_in_a_batch_of_ten(matrix: Matrix, fault: Fault):
             for e in materializations(result, asset)
             if e.partition == broken.name
         }
-        assert meta["gpu_nodes"]["malformed_objects"] >= 2  # missing metadata, bad capacity
-        assert meta["gpu_pods"]["malformed_objects"] >= 3  # no metadata, containers, GPU count
+        assert meta["gpu_nodes"]["malformed_objects"] >= 3  # missing metadata, bad and huge capacity
+        assert meta["gpu_pods"]["malformed_objects"] >= 4  # no metadata, containers, bad and huge GPU count
         assert meta["gpu_workloads"]["malformed_objects"] >= 3  # unknown owner kind, cycle, namespace
         readable = check(result, "gpu_nodes", "every_node_readable")
         assert readable.metadata["clusters_failing"].value == [broken.name]
         kube_rows_match_truth(m.lens_url, m.server, broken.name)
         names = {r["name"] for r in table(m.lens_url, node, broken.name)}
         assert {n["name"] for n in truth(m.server, broken.name)["nodes"]} <= names
-        assert not any(n.startswith("malformed-capacity") for n in names)
+        assert not any(n.startswith(("malformed-capacity", "malformed-huge")) for n in names)
 
     # A broken API costs the batch its retry budget and no more: each request is tried
     # MAX_RETRIES + 1 times; once the API proved unreachable, no other request is sent.

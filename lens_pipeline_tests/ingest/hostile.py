@@ -48,8 +48,38 @@ WRONG_SHAPES = [
 HOSTILE_NUMBERS = [1e30, -1.0, float("inf"), float("-inf"), float("nan"), 2.0**64, -(2.0**63)]
 
 
+def unusable_event(rng: random.Random, index: int) -> tuple[str, dict[str, Any]]:
+    """(kind, event): an event the edge accepts (its ids and read fields are within limits) that no
+    table can hold once applied: nested text with NUL, or text longer than its column. It is
+    acknowledged and logged, then quarantined by `container_events` at stage "processing"."""
+    data = gpu_container(index, "Running")
+    device = dict(data["devices"]["gpu"][0])
+    kinds = {
+        "long_pod_name": lambda: {"pod_name": "p" * rng.randint(254, 600)},
+        "long_status": lambda: {"status": "s" * rng.randint(129, 400)},
+        "nul_in_label": lambda: {
+            "pod_name": None,
+            "labels": {**data.get("labels", {}), "io.kubernetes.pod.name": "pod\x00" + str(index)},
+        },
+        "long_container_name": lambda: {"metadata": {"name": "c" * rng.randint(129, 300)}},
+        "nul_in_device_serial": lambda: {
+            "devices": {"gpu": [{**device, "uuid": "", "serial": "SN\x00" + str(index)}]}
+        },
+    }
+    kind = rng.choice(list(kinds))
+    changed = {k: v for k, v in {**data, **kinds[kind]()}.items() if v is not None}
+    return kind, {
+        "type": "Running",
+        "source": "k8s",
+        "node": "n1",
+        "container_id": container_id(index),
+        "data": changed,
+    }
+
+
 def hostile_event(rng: random.Random, index: int) -> tuple[str, str, dict[str, Any] | bytes]:
-    """(kind, id field, event): a bad event, as a dict for either transport or raw bytes for gRPC."""
+    """(kind, id field, event): a bad event the edge refuses, as a dict for either transport or raw
+    bytes for gRPC."""
     data = gpu_container(index, "Running")
     cid = container_id(index)
     kinds = {
@@ -100,32 +130,51 @@ def valid_event(index: int) -> dict[str, Any]:
 class SweepFigures:
     events: int
     valid: int
-    hostile: int
+    hostile: int  # refused at the edge, or accepted and unusable
     grpc_streams: int
     http_batches: int
     send_seconds: float
     kinds: Counter[str]
     metrics: str
+    # Accepted by the edge, logged, and quarantined when applied (container ids).
+    unusable_ids: set[str]
+
+    @property
+    def refused(self) -> int:
+        return self.hostile - len(self.unusable_ids)
+
+
+# Of the generated events: this share valid, this share accepted but unusable, the rest refused.
+VALID_SHARE = 0.5
+UNUSABLE_SHARE = 0.1
 
 
 def run_sweep(
     server: IngestServer, total: int, *, seed: int = 17, streams: int = GRPC_STREAMS, batch: int = HTTP_BATCH
 ) -> tuple[SweepFigures, set[str]]:
-    """Send `total` generated events (half valid, half hostile) at once over `streams` gRPC streams
-    and HTTP batches of `batch`; assert every answer; return the figures and the valid ids."""
+    """Send `total` generated events (half valid; of the others, a fifth accepted by the edge but
+    unusable, the rest refused) at once over `streams` gRPC streams and HTTP batches of `batch`;
+    assert every answer; return the figures and the valid ids."""
     rng = random.Random(seed)
     started = time.monotonic()
     # Each stream and each HTTP sender gets its own share of events, valid ones interleaved.
     grpc_work: list[list[tuple[bool, str, bytes]]] = [[] for _ in range(streams)]
     http_work: list[tuple[bool, str, Any]] = []
     valid_ids: set[str] = set()
+    unusable_ids: set[str] = set()
     kinds: Counter[str] = Counter()
     for index in range(1, total + 1):
         over_grpc = index % 2 == 0
-        if rng.random() < 0.5:
+        draw = rng.random()
+        if draw < VALID_SHARE:
             event = valid_event(index)
             valid_ids.add(event["container_id"])
             item: tuple[bool, str, Any] = (True, "valid", grpc_bytes(event) if over_grpc else event)
+        elif draw < VALID_SHARE + UNUSABLE_SHARE:
+            kind, event = unusable_event(rng, index)
+            kinds[kind] += 1
+            unusable_ids.add(event["container_id"])
+            item = (True, kind, grpc_bytes(event) if over_grpc else event)
         else:
             kind, _cid, bad = hostile_event(rng, index)
             kinds[kind] += 1
@@ -182,6 +231,14 @@ def run_sweep(
         assert {e["index"] for e in answer["errors"]} == bad and all(e["reason"] for e in answer["errors"])
 
     figures = SweepFigures(
-        total, len(valid_ids), total - len(valid_ids), streams, len(results["http"]), sent, kinds, metrics
+        total,
+        len(valid_ids),
+        total - len(valid_ids),
+        streams,
+        len(results["http"]),
+        sent,
+        kinds,
+        metrics,
+        unusable_ids,
     )
     return figures, valid_ids

@@ -189,3 +189,57 @@ def test_the_log_writer_waits_between_commits_while_the_database_is_away():
         assert 1 <= writer.retries <= 8, writer.retries  # 0.1, 0.2, 0.4, 0.8 s... not a thousand
     finally:
         writer.stop(timeout=1.0)
+
+
+def _write_round(url: str, rows: list[dict]) -> tuple[LogWriter, list, list]:
+    """Rows offered by one producer in one round through a real LogWriter: (writer, the sequence
+    numbers acknowledged, the events quarantined)."""
+    engine = get_engine(url)
+    ensure_schema(engine, "lens")
+    acknowledged, quarantined, done = [], [], threading.Event()
+
+    def on_commit(seq, _received):
+        acknowledged.append(seq)
+        done.set()
+
+    writer = LogWriter(engine, on_quarantine=lambda row, reason: quarantined.append((row, reason)))
+    writer.start()
+    try:
+        writer.offer(Producer(on_commit=on_commit), rows, len(rows), time.monotonic())
+        assert done.wait(30), "the round was never acknowledged"
+    finally:
+        writer.stop(timeout=5.0)
+    return writer, acknowledged, quarantined
+
+
+def test_an_event_the_database_refuses_is_quarantined_and_its_round_is_acknowledged(lens_url):
+    """A round holding an event no database takes (a NULL replay key: NOT NULL refuses it, the
+    PostgreSQL path cannot even build it) fails for what it holds, not for the database's weather:
+    it is split until that event is alone, the event goes to the dead-letter table at stage "log",
+    and every other event is logged, in order, and acknowledged. No retry loop."""
+    rows = [_row(i) for i in range(1, 8)]
+    rows[4]["event_key"] = None
+    writer, acknowledged, quarantined = _write_round(lens_url, rows)
+    assert acknowledged == [7] and writer.retries == 0 and writer.lost == 0
+    assert [e.container_id for e in logged(lens_url)] == [container_id(i) for i in (1, 2, 3, 4, 6, 7)]
+    ((row, reason),) = quarantined
+    assert row["container_id"] == container_id(5) and "could not store" in reason
+    with get_engine(lens_url).connect() as conn:
+        (letter,) = dead_letters(conn, "east")
+    assert letter["stage"] == "log" and bytes(letter["payload"]) == rows[4]["payload"]
+
+
+def test_an_event_whose_quarantine_fails_too_is_kept_bare_and_the_round_goes_on(lens_url):
+    """An event the log format cannot hold whose dead-letter row cannot be written either (its
+    receive time has no zone, which the time columns refuse): kept with its payload and cluster
+    alone; the others are logged and acknowledged."""
+    rows = [_row(i) for i in range(1, 4)]
+    rows[1]["event_id"] = "x" * 300
+    rows[1]["received_at"] = rows[1]["received_at"].replace(tzinfo=None)
+    writer, acknowledged, quarantined = _write_round(lens_url, rows)
+    assert acknowledged == [3] and writer.lost == 0 and len(quarantined) == 1
+    assert [e.container_id for e in logged(lens_url)] == [container_id(1), container_id(3)]
+    with get_engine(lens_url).connect() as conn:
+        (letter,) = dead_letters(conn, "east")
+    assert letter["stage"] == "log" and letter["container_id"] is None
+    assert bytes(letter["payload"]) == rows[1]["payload"] and "ValueError" in letter["reason"]

@@ -198,6 +198,25 @@ def test_a_wrong_or_missing_token_is_refused_and_writes_nothing(sqlite_url):
     }
 
 
+def test_a_metadata_node_name_past_the_limits_is_invalid_argument_naming_it(sqlite_url):
+    """The original agent names its node in the stream's metadata; it fills every event that names
+    none, so it is held to the same limits as an event's `node` (253 bytes of UTF-8, no NUL): a
+    longer one ends the stream at once with INVALID_ARGUMENT naming it, nothing logged, counted."""
+    raw = agent.event("Running", container_id(1), gpu_container(1, "Running"), "")
+    with ingest_server(sqlite_url) as server, channel(server) as ch:
+        result = agent.stream_events(ch, [raw], metadata=[("node_name", "n" * 1000)])
+        assert result.code == grpc.StatusCode.INVALID_ARGUMENT and result.acked == 0
+        assert "metadata node_name is 1000 bytes in UTF-8, over 253" in result.details
+        result = agent.stream_events(ch, [raw], metadata=[("node_name", "n" * 253)])
+        assert (result.code, result.acked) == (None, 1)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics").read().decode()
+    assert [e.node_name for e in logged(sqlite_url)] == ["n" * 253]
+    assert (
+        'primus_lens_jobs_container_event_error_total{cluster="east",reason="malformed",source="k8s"} 1.0'
+        in metrics
+    )
+
+
 def _http_event(index: int, **overrides) -> dict:
     return {
         "type": "Running",

@@ -183,6 +183,59 @@ def test_kill_9_of_a_worker_mid_stream_loses_no_acknowledged_event_and_it_is_res
     assert parent.returncode == 0 and not _workers_alive(parent)
 
 
+# The stream of the whole-sidecar kill (SQLite: about 20 s here, most of it building and sending).
+WHOLE_KILL_EVENTS = 100_000
+
+
+def test_kill_9_of_every_process_mid_stream_loses_and_doubles_no_event(sqlite_url, tmp_path, capsys):
+    """`kill -9` of the supervisor and both workers at once, half-way through a 100,000-event
+    stream; a new sidecar, the agent's reconnect and the resend of its unacknowledged tail (and a
+    few before it): every acknowledged event was logged, and every event is logged exactly once."""
+    events = [_event(i) for i in range(WHOLE_KILL_EVENTS)]
+    kill_at = WHOLE_KILL_EVENTS // 2
+    grpc_port, http_port = free_port(), free_port()
+    server_log = tmp_path / "ingest.log"
+    parent = start_lens_ingest(sqlite_url, grpc_port, http_port, server_log, workers=2)
+    killed: list[int] = []
+
+    def kill_everything() -> None:
+        workers = [worker.pid for worker in _workers(parent)]
+        for pid in (parent.pid, *workers):  # no SIGTERM, no goodbye: as the node's OOM killer would
+            os.kill(pid, signal.SIGKILL)
+        killed.extend((parent.pid, *workers))
+
+    try:
+        acked = stream_and_kill(grpc_port, events, kill_at, kill_everything)
+        assert parent.wait(10) == -signal.SIGKILL and len(killed) == 3
+        deadline = time.monotonic() + 10
+        while any(
+            psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in killed
+        ):
+            assert time.monotonic() < deadline, "a killed process lives on"
+            time.sleep(0.05)
+        assert 0 < acked <= kill_at
+        counts = Counter(event.container_id for event in logged(sqlite_url))
+        # Everything acknowledged is there once; some of the rest may be (committed, not yet acked).
+        assert all(counts[container_id(i)] == 1 for i in range(acked)) and set(counts.values()) == {1}
+        committed = len(counts)
+
+        parent = start_lens_ingest(sqlite_url, grpc_port, http_port, server_log, workers=2)
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+            resend = events[max(0, acked - 100) :]
+            result = agent.stream_events(ch, resend, timeout=300)
+            assert (result.code, result.acked, result.errors) == (None, len(resend), {})
+        counts = Counter(event.container_id for event in logged(sqlite_url))
+        assert len(counts) == WHOLE_KILL_EVENTS and set(counts.values()) == {1}
+        with capsys.disabled():
+            print(
+                f"\nwhole-sidecar kill -9: {len(killed)} processes killed at event {kill_at:,} of "
+                f"{WHOLE_KILL_EVENTS:,}; {acked:,} acknowledged before, {committed:,} in the log; "
+                f"{len(resend):,} resent; {len(counts):,} logged, each once"
+            )
+    finally:
+        _stop(parent)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("which", ["grpc", "http"])
 def test_a_port_in_use_is_a_clear_error(which, workers, tmp_path):

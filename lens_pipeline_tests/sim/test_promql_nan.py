@@ -1,9 +1,11 @@
-"""A GPU whose exporter reports NaN (it could not read the counter) is left out of the means and
-sums the pipeline asks for, on both vendors, as Prometheus itself evaluates them (promtool's unit
-test runner is the real PromQL engine; it ships in Debian's `prometheus` package).
+"""A GPU whose exporter reports NaN (it could not read the counter) or an impossible percentage
+(1e6, -3: a broken counter) is left out of the means and sums the pipeline asks for, on both
+vendors, as Prometheus itself evaluates them (promtool's unit test runner is the real PromQL engine;
+it ships in Debian's `prometheus` package).
 
-Without the `>= 0` filter one NaN series turns a node's, a pod's and the cluster's mean into NaN,
-which the readers then drop: a cluster at 50 % reads as unknown.
+Without the `>= 0 <= 100` filter one NaN series turns a node's, a pod's and the cluster's mean into
+NaN, which the readers then drop (a cluster at 50 % reads as unknown), and one 1e6 turns it into a
+figure no column can hold.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _expect(query: str, value: float, labels: str = "{}") -> dict:
 
 
 @pytest.mark.parametrize("profile", [AMD, NVIDIA], ids=lambda p: p.name)
-def test_a_nan_gpu_leaves_the_means_of_the_others_alone(profile: VendorProfile, tmp_path):
+def test_nan_and_impossible_gpus_leave_the_means_of_the_others_alone(profile: VendorProfile, tmp_path):
     promtool = shutil.which("promtool")
     skip_unless(promtool is not None, "Debian's prometheus (promtool) is not installed")
     total, count = profile.utilization_sum_queries()
@@ -51,6 +53,8 @@ def test_a_nan_gpu_leaves_the_means_of_the_others_alone(profile: VendorProfile, 
                     _series(profile, 0, "50x5"),
                     _series(profile, 1, "2x5"),
                     _series(profile, 2, "NaN NaN NaN NaN NaN NaN"),
+                    _series(profile, 3, "1e6x5"),
+                    _series(profile, 4, "-3x5"),
                 ],
                 "promql_expr_test": [
                     _expect(f"({total}) / ({count})", 26),

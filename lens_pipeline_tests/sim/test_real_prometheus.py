@@ -12,6 +12,9 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import yaml
@@ -27,15 +30,16 @@ from lens_pipeline.defs.resources import (
 )
 from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromReader
+from lens_pipeline.sim.dialects import ExporterDialect
 from lens_pipeline.sim.exporters import scrape
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import prometheus_config, write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.schema import cluster_overview_cache, gpu_device, workload_statistic
-from lens_pipeline.vendors import Dialect, ExporterOverrides
+from lens_pipeline.vendors import Dialect, ExporterOverrides, learn_dialect
 from lens_pipeline_tests.conftest import skip_unless
 from lens_pipeline_tests.defs.support import materialize_cluster, statistics_config
-from lens_pipeline_tests.defs.test_collectors_against_truth import DEVICE_COLUMNS, table, truth
+from lens_pipeline_tests.defs.test_collectors_against_truth import DEVICE_COLUMNS, observable, table, truth
 from lens_pipeline_tests.defs.test_derived_against_truth import STATISTICS, gpus_by_pod, workload_gpus
 from lens_pipeline_tests.defs.test_gpu_nodes import assert_table_equals_truth
 
@@ -52,17 +56,14 @@ def _samples(reader: PromReader, query: str) -> dict[frozenset, float]:
     return {frozenset(s.labels.items()): s.value for s in reader.vector(query)}
 
 
-@pytest.fixture(scope="module")
-def scraped(tmp_path_factory):
+@contextmanager
+def real_prometheus(fleet: SimFleet, server: SimServer, work: Path) -> Iterator[dict[str, str]]:
+    """One real Prometheus per cluster scraping its exporters every second, until every target has
+    been scraped; yields each cluster's Prometheus URL."""
     binary = shutil.which("prometheus")
     skip_unless(binary is not None, "Debian's prometheus is not installed (apt-get install prometheus)")
-    work = tmp_path_factory.mktemp("real-prometheus")
-    # An AMD and an NVIDIA cluster as shipped, and two whose exporters and scrape configs differ
-    # in every way the pipeline must learn (prefix, honor_labels: false, the node by instance only).
-    fleet = SimFleet.generate(clusters=4, nodes=5, seed=8, vendor="mixed", dialect="shipped,everything")
-    processes = []
-    with SimServer(fleet) as server:
-        urls = {}
+    processes, urls = [], {}
+    try:
         for cluster in fleet:
             config = work / f"{cluster.name}.yml"
             config.write_text(yaml.safe_dump(prometheus_config(cluster, server, scrape_interval="1s")))
@@ -70,7 +71,7 @@ def scraped(tmp_path_factory):
             processes.append(
                 subprocess.Popen(
                     [
-                        binary,
+                        str(binary),
                         f"--config.file={config}",
                         f"--storage.tsdb.path={work / cluster.name}",
                         f"--web.listen-address=127.0.0.1:{port}",
@@ -81,14 +82,24 @@ def scraped(tmp_path_factory):
                 )
             )
             urls[cluster.name] = f"http://127.0.0.1:{port}"
-        try:
-            for cluster in fleet:
-                _wait_until_scraped(urls[cluster.name], len(scrape(cluster)))
-            yield fleet, server, urls, work
-        finally:
-            for process in processes:
-                process.terminate()
-                process.wait(timeout=30)
+        for cluster in fleet:
+            _wait_until_scraped(urls[cluster.name], len(scrape(cluster)))
+        yield urls
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    work = tmp_path_factory.mktemp("real-prometheus")
+    # An AMD and an NVIDIA cluster as shipped, and two whose exporters and scrape configs differ
+    # in every way the pipeline must learn (prefix, honor_labels: false, the node by instance only,
+    # AMD's default labels, dcgm-exporter's old namespace and no reserved framebuffer...).
+    fleet = SimFleet.generate(clusters=4, nodes=5, seed=8, vendor="mixed", dialect="shipped,everything")
+    with SimServer(fleet) as server, real_prometheus(fleet, server, work) as urls:
+        yield fleet, server, urls, work
 
 
 def _wait_until_scraped(url: str, targets: int) -> None:
@@ -138,7 +149,9 @@ def test_the_dialect_learned_from_a_real_prometheus_is_the_simulators(scraped):
         assert not real.missing
         changed = cluster.dialect.name == "everything"
         assert (profile.metric_prefix == "amd_") == (changed and cluster.vendor == "amd")
-        assert profile.pod_label == ("exported_pod" if changed else "pod")
+        # dcgm-exporter's --use-old-namespace `pod_name` is no target's: not renamed.
+        renamed = {"amd": "exported_pod", "nvidia": "pod_name"}[cluster.vendor]
+        assert profile.pod_label == (renamed if changed else "pod")
         assert real.nic.node_label == ("instance" if changed else "node")
 
 
@@ -166,10 +179,14 @@ def registry_on_real_prometheus(tmp_path, server: SimServer, urls: dict[str, str
     return registry
 
 
-def test_collectors_on_a_real_prometheus_store_the_truth(scraped, tmp_path):
-    fleet, server, urls, _ = scraped
-    registry = registry_on_real_prometheus(tmp_path, server, urls)
-    url = f"sqlite:///{tmp_path / 'lens.db'}"
+def assert_collectors_store_the_truth(
+    fleet: SimFleet, server: SimServer, urls: dict[str, str], work: Path
+) -> None:
+    """`gpu_nodes` and `gpu_devices` of every cluster, each reading its real Prometheus with nothing
+    configured: every check passes, and the rows are what the truth says (as far as the dialect
+    lets it be known)."""
+    registry = registry_on_real_prometheus(work, server, urls)
+    url = f"sqlite:///{work / 'lens.db'}"
     with instance_for_test() as instance:
         instance.add_dynamic_partitions("cluster", [c.name for c in fleet])
         for cluster in fleet:
@@ -184,15 +201,22 @@ def test_collectors_on_a_real_prometheus_store_the_truth(scraped, tmp_path):
                 },
             )
             assert result.success
+            failed = [c.check_name for c in result.get_asset_check_evaluations() if not c.passed]
+            assert failed == [], (cluster.name, cluster.dialect.name)
             assert_table_equals_truth(url, server, cluster.name)
-            expected = truth(server, cluster.name)["gpu_devices"]
+            want = truth(server, cluster.name)
             stored = {(r["node_name"], r["gpu_id"]): r for r in table(url, gpu_device, cluster.name)}
-            assert len(stored) == len(expected) > 0
-            for want in expected:
-                have = stored[(want["node_name"], want["gpu_id"])]
+            assert len(stored) == len(want["gpu_devices"]) > 0
+            for device in want["gpu_devices"]:
+                have = stored[(device["node_name"], device["gpu_id"])]
                 assert {c: have[c] for c in DEVICE_COLUMNS} == pytest.approx(
-                    {c: want[c] for c in DEVICE_COLUMNS}
+                    observable(device, cluster, want["nodes"])
                 )
+
+
+def test_collectors_on_a_real_prometheus_store_the_truth(scraped, tmp_path):
+    fleet, server, urls, _ = scraped
+    assert_collectors_store_the_truth(fleet, server, urls, tmp_path)
 
 
 def test_the_overview_truth_is_what_a_real_prometheus_computes(scraped):
@@ -361,3 +385,45 @@ def datetime_of(t: float):
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(round(t), UTC)
+
+
+def _until(condition, what: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {READY_TIMEOUT} s: {what}")
+        time.sleep(0.5)
+
+
+def test_after_an_exporter_upgrade_the_names_in_use_now_win_on_a_real_prometheus(tmp_path):
+    """A real Prometheus scrapes exporters as shipped, then they are upgraded: AMD's exporter gets
+    the `amd_` prefix, dcgm-exporter writes `hostname`. For its lookback window Prometheus lists the
+    old names beside the new ones; the dialect learned is the one in use now (the names alone give
+    the old one), and the collectors store what the truth says."""
+    fleet = SimFleet.generate(clusters=2, nodes=3, seed=9, vendor="mixed")
+    with SimServer(fleet) as server, real_prometheus(fleet, server, tmp_path) as urls:
+        upgraded = ExporterDialect("upgraded", metric_prefix="amd_", lowercase_hostname=True)
+        for cluster in fleet:
+            cluster.set_dialect(upgraded)
+        amd, nvidia = (PromReader(c.name, urls[c.name]) for c in fleet)
+        _until(
+            lambda: amd.vector("count(amd_gpu_gfx_activity)") and not amd.vector("count(gpu_gfx_activity)"),
+            "AMD upgraded",
+        )
+        _until(
+            lambda: (
+                nvidia.vector('count(DCGM_FI_DEV_GPU_UTIL{hostname!=""})')
+                and not nvidia.vector('count(DCGM_FI_DEV_GPU_UTIL{Hostname!=""})')
+            ),
+            "NVIDIA upgraded",
+        )
+        assert {"gpu_gfx_activity", "amd_gpu_gfx_activity"} <= amd.metric_names()
+        assert {"Hostname", "hostname"} <= nvidia.label_names("DCGM_FI_DEV_GPU_UTIL")
+
+        (amd_profile,) = read_dialect(amd, "auto", ExporterOverrides()).profiles
+        (nvidia_profile,) = read_dialect(nvidia, "auto", ExporterOverrides()).profiles
+        assert (amd_profile.util_metric, nvidia_profile.node_label) == ("amd_gpu_gfx_activity", "hostname")
+        by_names = [learn_dialect("auto", r.metric_names(), r.label_names).profiles[0] for r in (amd, nvidia)]
+        assert (by_names[0].util_metric, by_names[1].node_label) == ("gpu_gfx_activity", "Hostname")
+
+        assert_collectors_store_the_truth(fleet, server, urls, tmp_path)

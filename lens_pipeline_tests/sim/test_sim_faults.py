@@ -140,7 +140,7 @@ def test_malformed_objects_are_served_but_never_in_the_truth(sim) -> None:
     status, body = control(server, cluster.name, action="inject_malformed")
     assert status == 200
     injected = body["result"]
-    assert len(injected) == 14 and any(i.startswith("replicasets/") for i in injected)
+    assert len(injected) == 16 and any(i.startswith("replicasets/") for i in injected)
     api = api_client(registry, cluster.name)
     nodes, _ = list_raw(api, "/api/v1/nodes", limit=3)
     pods, _ = list_raw(api, "/api/v1/pods", limit=3)

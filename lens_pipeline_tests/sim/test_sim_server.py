@@ -358,6 +358,21 @@ def test_promql_evaluator(query: str, expected: list[tuple[dict[str, str], float
             "m != 3",
             [({"__name__": "m", "node": "a", "gpu": "0"}, 1.0), ({"__name__": "m", "node": "b"}, 10.0)],
         ),
+        ("count(m >= 2 <= 5)", [({}, 1.0)]),  # chained: each comparison filters in turn
+        (  # one count per selector in one query: what PromReader.series_counts asks
+            'label_replace(count(m{gpu!=""}), "s", "0", "", "") or label_replace(count(m{pod!=""}), "s", "1", "", "")'
+            ' or label_replace(count(c_total{pod!=""}), "s", "2", "", "")',
+            [({"s": "0"}, 2.0)],  # no series: no sample (m{pod!=""}, c_total{pod!=""})
+        ),
+        (
+            'label_replace(m{gpu="1"}, "host", "$1-x", "node", "(.*)")',
+            [({"__name__": "m", "node": "a", "gpu": "1", "host": "a-x"}, 3.0)],
+        ),
+        ('label_replace(m{gpu="1"}, "gpu", "", "node", "a")', [({"__name__": "m", "node": "a"}, 3.0)]),
+        (
+            'm{node="b"} or c_total',
+            [({"__name__": "m", "node": "b"}, 10.0), ({"__name__": "c_total", "node": "a"}, 7200.0)],
+        ),
     ],
 )
 def test_promql_rates_and_comparisons(query: str, expected: list[tuple[dict[str, str], float]]) -> None:

@@ -6,13 +6,28 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from alembic import command
 from sqlalchemy import inspect, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
+from lens_pipeline.collect.overview import NODE_COUNTS, RDMA_FIGURES, STORAGE_FIGURES
 from lens_pipeline.store.db import get_engine, write_transaction
-from lens_pipeline.store.migrate import current_revision, ensure_schema, head_revision, upgrade
-from lens_pipeline.store.schema import LENS_TABLES, SAFE_TABLES, logical_key, node, node_statistic
+from lens_pipeline.store.migrate import (
+    alembic_config,
+    current_revision,
+    ensure_schema,
+    head_revision,
+    upgrade,
+)
+from lens_pipeline.store.schema import (
+    LENS_TABLES,
+    SAFE_TABLES,
+    cluster_overview_cache,
+    logical_key,
+    node,
+    node_statistic,
+)
 from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
 from lens_pipeline_tests.conftest import _server_database
 
@@ -49,6 +64,56 @@ def test_migrations_create_every_table_with_its_unique_key(db_urls):
             assert logical_key(table) in uniques + unique_indexes, (name, uniques, unique_indexes)
             if database == "lens":
                 assert "cluster_name" in {c["name"] for c in inspector.get_columns(name)}
+
+
+def _nullable(engine, table: str) -> dict[str, bool]:
+    return {c["name"]: c["nullable"] for c in inspect(engine).get_columns(table)}
+
+
+def test_overview_figures_that_may_be_unknown_become_nullable_keeping_stored_rows(lens_url):
+    """Migration 0011 on a database holding an overview row: every column is then as nullable as the
+    model says, the row keeps its figures, unknown (NULL) can be stored after it, and going back
+    turns NULL into the 0 the old columns required."""
+    engine = get_engine(lens_url)
+    upgrade(engine, "lens", "0010_lens")
+    before = _nullable(engine, "cluster_overview_cache")
+    old_row = {
+        "cluster_name": "c1",
+        **{c.name: 7.5 for c in cluster_overview_cache.columns if c.name not in ("id", "cluster_name")},
+        **{figure: 0 for figure in NODE_COUNTS},
+        "created_at": T0,
+        "updated_at": T0,
+    }
+    with write_transaction(engine) as conn:
+        conn.execute(cluster_overview_cache.insert(), [old_row])
+    upgrade(engine, "lens")
+    after = _nullable(engine, "cluster_overview_cache")
+    assert after == {c.name: c.nullable for c in cluster_overview_cache.columns}
+    newly = sorted(name for name, nullable in after.items() if nullable and not before[name])
+    assert newly and set(newly) <= {*STORAGE_FIGURES, *RDMA_FIGURES}
+    with write_transaction(engine) as conn:
+        conn.execute(
+            cluster_overview_cache.insert(), [{**old_row, "cluster_name": "c2", **dict.fromkeys(newly)}]
+        )
+    stored = {r["cluster_name"]: r for r in rows(engine, cluster_overview_cache)}
+    assert {f: stored["c1"][f] for f in newly} == dict.fromkeys(newly, 7.5)
+    assert {f: stored["c2"][f] for f in newly} == dict.fromkeys(newly)
+
+    with engine.connect() as connection:
+        config = alembic_config("lens")
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0010_lens")
+        connection.commit()
+    assert _nullable(engine, "cluster_overview_cache") == before
+    stored = {r["cluster_name"]: r for r in rows(engine, cluster_overview_cache)}
+    assert {f: stored["c2"][f] for f in newly} == dict.fromkeys(newly, 0)
+    upgrade(engine, "lens")
+    assert current_revision(engine, "lens") == head_revision("lens")
+
+
+def rows(engine, t) -> list[dict]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(select(t)).mappings()]
 
 
 def test_unique_key_is_enforced_by_the_database(lens_url):
@@ -269,3 +334,145 @@ def test_a_url_without_a_driver_uses_the_installed_one(dialect):
     absent = "postgresql+psycopg://u@h/db" if dialect == "postgresql" else "mysql+mysqldb://u@h/db"
     with pytest.raises(ValueError, match="not installed"):
         get_engine(absent)
+
+
+def _hour_row(uid: str, hour: datetime, samples: int) -> dict:
+    figures = dict.fromkeys(
+        ("avg_utilization", "max_utilization", "min_utilization", "p50_utilization", "p90_utilization"), 1.0
+    )
+    return {
+        "cluster_name": "c1",
+        "workload_uid": uid,
+        "namespace": "n",
+        "workload_name": "w",
+        "workload_type": "Job",
+        "stat_hour": hour,
+        "allocated_gpu_count": 1.0,
+        **figures,
+        "p95_utilization": 1.0,
+        "total_sum": float(samples),
+        "allocated_gpu_seconds": 0.0,
+        "idle_gpu_seconds": 0.0,
+        "sample_count": samples,
+        "workload_status": "Running",
+        "created_at": T0,
+        "updated_at": T0,
+    }
+
+
+def test_a_time_of_whole_seconds_written_in_bulk_is_found_by_its_own_bound(lens_url):
+    """A bulk write stores a time as the dialect's queries compare it: on SQLite a whole hour was
+    stored without its fraction and `stat_hour >= hour` missed it, so each run overwrote the hour's
+    statistics instead of adding to them."""
+    from lens_pipeline.store.schema import workload_gpu_hourly_stats
+    from lens_pipeline.store.statistics import stored_hours
+
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    with write_transaction(engine) as conn:
+        bulk_upsert(
+            conn, workload_gpu_hourly_stats, [{**_hour_row("u1", T0, 60), "labels": {}, "annotations": {}}]
+        )
+    with engine.connect() as conn:
+        assert {k: r["sample_count"] for k, r in stored_hours(conn, "c1", T0).items()} == {("u1", T0): 60}
+
+
+def test_migration_gives_sqlite_times_their_fraction_and_drops_twins(tmp_path):
+    from lens_pipeline.store.schema import workload_gpu_hourly_stats
+
+    engine = get_engine(f"sqlite:///{tmp_path / 'lens.db'}")
+    upgrade(engine, "lens", "0008_lens")
+    old, new = "2026-11-01 12:00:00", "2026-11-01 12:00:00.000000"
+    with engine.begin() as conn:
+        conn.execute(workload_gpu_hourly_stats.insert(), [_hour_row("u1", T0, 60), _hour_row("u2", T0, 30)])
+        # As bulk writes stored them: both hours in the short form, and u2's once more in the long
+        # one (the same row written twice).
+        conn.exec_driver_sql(f"UPDATE workload_gpu_hourly_stats SET stat_hour = '{old}'")
+        conn.execute(workload_gpu_hourly_stats.insert(), [_hour_row("u2", T0, 31)])
+    # Up to 0011: 0012 makes this table anew for the hourly history.
+    upgrade(engine, "lens", "0011_lens")
+    with engine.connect() as conn:
+        stored = conn.exec_driver_sql(
+            "SELECT workload_uid, stat_hour, sample_count FROM workload_gpu_hourly_stats ORDER BY workload_uid"
+        ).fetchall()
+    assert [tuple(r) for r in stored] == [("u1", new, 60), ("u2", new, 31)]
+
+
+def test_migration_gives_pods_gone_before_bound_at_their_binding_time(lens_url):
+    """Pods that ended before migration 0007 get `bound_at` from their newest snapshot (PodScheduled,
+    else the start time), else their creation when their row names a node; one never scheduled keeps
+    NULL, and a live pod is left to the next `gpu_pods` run."""
+    from lens_pipeline.store.schema import gpu_pods, pod_resource, pod_snapshot
+
+    engine = get_engine(lens_url)
+    upgrade(engine, "lens", "0009_lens")
+    created, scheduled, started, ended = (T0 + timedelta(minutes=m) for m in (0, 5, 7, 60))
+
+    def pod(uid, node_name, end_at=ended):
+        return (
+            {
+                "cluster_name": "c1",
+                "uid": uid,
+                "gpu_model": "",
+                "gpu_allocated": 8,
+                "created_at": created,
+                "end_at": end_at,
+            },
+            {"cluster_name": "c1", "uid": uid, "namespace": "ml", "name": uid, "node_name": node_name},
+        )
+
+    def snapshot(uid, version, status, node_name="n1"):
+        return {
+            "cluster_name": "c1",
+            "pod_uid": uid,
+            "pod_name": uid,
+            "namespace": "ml",
+            "spec": {"nodeName": node_name},
+            "metadata": {},
+            "status": status,
+            "resource_version": version,
+        }
+
+    rfc = lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+    pods = [
+        pod("scheduled", "n1"),
+        pod("started", "n1"),
+        pod("unknown", "n1"),
+        pod("never", ""),
+        pod("live", "n1", None),
+    ]
+    with write_transaction(engine) as conn:
+        conn.execute(pod_resource.insert(), [p for p, _ in pods])
+        conn.execute(gpu_pods.insert(), [g for _, g in pods])
+        conn.execute(
+            pod_snapshot.insert(),
+            [
+                snapshot("scheduled", 1, {"phase": "Pending"}, node_name=""),
+                snapshot(
+                    "scheduled",
+                    2,
+                    {
+                        "conditions": [
+                            {"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc(scheduled)}
+                        ],
+                        "startTime": rfc(started),
+                    },
+                ),
+                snapshot(
+                    "started",
+                    3,
+                    {"conditions": [{"type": "PodScheduled", "status": "False"}], "startTime": rfc(started)},
+                ),
+                snapshot("never", 4, {"phase": "Pending"}, node_name=""),
+            ],
+        )
+    upgrade(engine, "lens")
+    with engine.connect() as conn:
+        bound = dict(conn.execute(select(pod_resource.c.uid, pod_resource.c.bound_at)).all())
+    assert bound == {
+        "scheduled": scheduled,
+        "started": started,
+        "unknown": created,
+        "never": None,
+        "live": None,
+    }

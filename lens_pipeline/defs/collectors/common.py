@@ -42,9 +42,13 @@ from lens_pipeline.defs.resources import (
 )
 from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader
+from lens_pipeline.retry import OP_RETRIES, OP_RETRY_DELAY
 from lens_pipeline.vendors import Dialect, shipped_dialect
 
-COLLECTOR_RETRY = RetryPolicy(max_retries=2, delay=2, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS)
+# The step's retries, from the one table of retries (lens_pipeline.retry).
+COLLECTOR_RETRY = RetryPolicy(
+    max_retries=OP_RETRIES, delay=OP_RETRY_DELAY, backoff=Backoff.EXPONENTIAL, jitter=Jitter.PLUS_MINUS
+)
 MAX_LOGGED_PROBLEMS = 20
 
 
@@ -127,6 +131,11 @@ class ClusterTurn:
         if self._dialect_error:
             described["exporter_detection_error"] = self._dialect_error
         return described
+
+    def malformed_samples_mark(self) -> int:
+        """Where the turn's count of malformed Prometheus samples stands (see `prometheus_check`)."""
+        reader = self.prometheus_reader()
+        return reader.malformed_samples if reader is not None else 0
 
     def prefetch(self, parts: Sequence["ClusterPart"]) -> None:
         """Have Prometheus evaluate the instant queries `parts` will ask while other parts work: at
@@ -237,6 +246,22 @@ def check(name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> As
     return AssetCheckResult(check_name=name, passed=passed, severity=severity, metadata=metadata)
 
 
+def prometheus_check(name: str, turn: ClusterTurn, mark: int, error: str | None) -> AssetCheckResult:
+    """A part's Prometheus check: it answered (no `error`), and no sample since `mark` (the reader's
+    `malformed_samples` when the part began) was skipped as malformed. A warning: what could be
+    read is used, what could not is counted and shown."""
+    reader = turn.prometheus_reader()
+    skipped, examples = reader.malformed_since(mark) if reader is not None else (0, [])
+    return check(
+        name,
+        error is None and not skipped,
+        warn=True,
+        error=error or "",
+        malformed_samples=skipped,
+        malformed_sample_examples=examples[:MAX_LOGGED_PROBLEMS],
+    )
+
+
 @dataclass
 class CollectorRun:
     """One collector's work on one cluster in one run."""
@@ -250,6 +275,7 @@ class CollectorRun:
         self._started = datetime.now(UTC)
         self._stats_before = self.snapshot.reader.stats.copy()
         self._prometheus_before = self._prometheus_answers()
+        self.malformed_samples_mark = self.turn.malformed_samples_mark()
 
     def check(self, name: str, passed: bool, *, warn: bool = False, **metadata: Any) -> AssetCheckResult:
         return check(name, passed, warn=warn, **metadata)
@@ -257,6 +283,10 @@ class CollectorRun:
     def readable_check(self, name: str) -> AssetCheckResult:
         """The check every collector has: every object could be read (a warning, not an error)."""
         return self.check(name, not self.problems, warn=True, malformed_objects=len(self.problems))
+
+    def _malformed_samples(self) -> int:
+        reader = self.turn.prometheus_reader()
+        return reader.malformed_since(self.malformed_samples_mark)[0] if reader is not None else 0
 
     def _prometheus_answers(self) -> int:
         """Answers the cluster's Prometheus reader gave so far: shared by the parts of the turn, so
@@ -274,6 +304,7 @@ class CollectorRun:
                 **metadata,
                 "duration_seconds": round((datetime.now(UTC) - self._started).total_seconds(), 3),
                 **read_metadata(stats, self._prometheus_answers() - self._prometheus_before),
+                "prometheus_malformed_samples": self._malformed_samples(),
                 **problems_metadata(self.problems),
             },
             check_results=checks,

@@ -10,7 +10,7 @@ from dagster import MaterializeResult
 
 from lens_pipeline.collect.nodes import gpu_node_rows, utilization_by_node
 from lens_pipeline.collect.pods import allocation_by_node
-from lens_pipeline.defs.collectors.common import ClusterTurn, CollectorRun, collector
+from lens_pipeline.defs.collectors.common import ClusterTurn, CollectorRun, collector, prometheus_check
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
@@ -25,7 +25,7 @@ TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utiliza
     checks={
         "allocation_within_capacity": "No node has more GPUs allocated than it has.",
         "every_node_readable": "Every Node and Pod object of the cluster could be read.",
-        "utilization_fresh": "Prometheus answered the utilization query this run.",
+        "utilization_fresh": "Prometheus answered the utilization query this run, every sample readable.",
         "every_gpu_node_has_utilization": "Every Ready GPU node has utilization series that name it "
         "(else its utilization is unknown, NULL).",
     },
@@ -89,7 +89,7 @@ def gpu_nodes(turn: ClusterTurn) -> MaterializeResult:
                 "allocation_within_capacity", not over, over_allocated_nodes=over[:50], count=len(over)
             ),
             run.readable_check("every_node_readable"),
-            run.check("utilization_fresh", prom_error is None, warn=True, error=prom_error or ""),
+            prometheus_check("utilization_fresh", turn, run.malformed_samples_mark, prom_error),
             run.check(
                 "every_gpu_node_has_utilization",
                 not measured or not unknown,

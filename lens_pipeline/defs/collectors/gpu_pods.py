@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 from dagster import MaterializeResult
 
 from lens_pipeline.collect.nodes import gpu_models_by_node
+from lens_pipeline.collect.objects import resource_version
 from lens_pipeline.collect.pods import (
     condition_events,
     gpu_pod_row,
     pod_resource_row,
     pod_snapshot_row,
-    resource_version,
 )
 from lens_pipeline.collect.problems import MalformedObject, Problem, object_name
 from lens_pipeline.defs.collectors.common import ClusterTurn, CollectorRun, collector

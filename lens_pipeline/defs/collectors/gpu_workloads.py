@@ -84,6 +84,7 @@ def gpu_workloads(turn: ClusterTurn) -> MaterializeResult:
         if ref is not None:
             start.add(ref.kind_ref)
     objects, listed, unserved = list_owner_kinds(run.snapshot, start)
+    run.problems += run.snapshot.owner_problems
     chains = resolve_chains(((p.uid, p.metadata) for p in pods), objects, listed)
     run.problems += chains.problems
 
@@ -107,11 +108,15 @@ def gpu_workloads(turn: ClusterTurn) -> MaterializeResult:
         for uid in [*below, *still_there]:
             obj = objects[uid]
             try:
-                rows.append(workload_row(obj, parent_uid(obj["metadata"], safe_by_name), below.get(uid, [])))
-                snapshots.add(snapshot_row(obj))
+                row = workload_row(obj, parent_uid(obj["metadata"], safe_by_name), below.get(uid, []))
+                workload_snapshot = snapshot_row(obj)
             except MalformedObject as exc:
-                run.problems.append(Problem(str(obj.get("kind")), str(obj["metadata"].get("name")), str(exc)))
+                name = str(obj["metadata"].get("name"))[:253]
+                run.problems.append(Problem(str(obj.get("kind"))[:64], name, str(exc)))
                 unreadable.append(uid)
+                continue
+            rows.append(row)  # both or neither: an unreadable workload keeps its stored row whole
+            snapshots.add(workload_snapshot)
         written = write_workloads(
             conn,
             run.cluster.name,

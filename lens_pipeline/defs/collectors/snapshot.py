@@ -25,6 +25,8 @@ class ClusterSnapshot:
         self.profiles: tuple[VendorProfile, ...] = profiles_for(cluster.vendor)
         self._discovery: dict[str, dict[str, tuple[str, bool]]] = {}
         self._objects: dict[KindRef, list[dict]] = {}
+        # Owner objects that could not be indexed (no metadata or uid), found while listing.
+        self.owner_problems: list[Problem] = []
 
     @cached_property
     def nodes(self) -> list[dict]:
@@ -74,5 +76,6 @@ class ClusterSnapshot:
             if found is None:
                 return None
             listed = self.reader.list(kind.list_path(found[0]), project_owner)
-            self._objects[kind] = [o for o in listed if o is not None]
+            self._objects[kind] = [o for o in listed if not isinstance(o, Problem)]
+            self.owner_problems += [o for o in listed if isinstance(o, Problem)]
         return self._objects[kind]

@@ -5,11 +5,36 @@ automation sensor brings them up to date."""
 
 from collections.abc import Callable, Sequence
 
-from dagster import AutomationCondition, MaterializeResult
+from dagster import AssetCheckResult, AutomationCondition, MaterializeResult
 
-from lens_pipeline.defs.collectors.common import ClusterPart, ClusterTurn, cluster_part
+from lens_pipeline.collect.problems import Problem
+from lens_pipeline.defs.collectors.common import (
+    MAX_LOGGED_PROBLEMS,
+    ClusterPart,
+    ClusterTurn,
+    check,
+    cluster_part,
+)
 
 GROUP = "cluster_views"
+# The check of every view that reads stored rows.
+ROWS_READABLE = {
+    "stored_rows_readable": "Every stored row the view reads holds what its columns should (a row that "
+    "does not is skipped, counted and named; the rest is computed)."
+}
+
+
+def rows_readable_check(turn: ClusterTurn, malformed: Sequence[Problem]) -> AssetCheckResult:
+    """`stored_rows_readable`: the rows skipped as malformed, counted and named (a warning)."""
+    for problem in malformed[:MAX_LOGGED_PROBLEMS]:
+        turn.log.warning(f"cluster {turn.cluster.name}: skipped stored {problem}")
+    return check(
+        "stored_rows_readable",
+        not malformed,
+        warn=True,
+        malformed_rows=len(malformed),
+        rows=[str(p) for p in malformed[:MAX_LOGGED_PROBLEMS]],
+    )
 
 
 def cluster_view(

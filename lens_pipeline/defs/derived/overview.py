@@ -16,17 +16,16 @@ from lens_pipeline.collect.overview import (
     NODE_COUNTS,
     RDMA_FIGURES,
     STORAGE_FIGURES,
-    StorageVolume,
-    juicefs_inode_capacity,
-    juicefs_space_capacity,
+    juicefs_volumes,
     overview_row,
+    readable_nodes,
     storage_figures,
 )
-from lens_pipeline.defs.collectors.common import ClusterTurn, check
+from lens_pipeline.defs.collectors.common import ClusterTurn, check, prometheus_check
 from lens_pipeline.defs.collectors.gpu_devices import gpu_devices
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.storage_backends import storage_backends
-from lens_pipeline.defs.derived.common import cluster_view
+from lens_pipeline.defs.derived.common import ROWS_READABLE, cluster_view, rows_readable_check
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.overview import (
@@ -42,9 +41,11 @@ from lens_pipeline.vendors import JUICEFS, Dialect
 def prometheus_figures(
     prom: PromReader, dialect: Dialect, volumes: list[str], window: str, capacities: Mapping[str, float]
 ) -> tuple[dict[str, Any], list[str]]:
-    """Utilization (0-100, None without any GPU series), the storage figures of `volumes` and RDMA
-    traffic: one grouped query per figure, whatever the number of nodes and volumes. Also the
-    volumes whose capacity is unknown (no quota, and none in the registry's `capacities`)."""
+    """Utilization (0-100), the storage figures of `volumes` and RDMA traffic: one grouped query
+    per figure, whatever the number of nodes and volumes. A figure no series measures is unknown
+    (None): utilization without GPU series, RDMA without InfiniBand counters, a volume's figure
+    without its series. Also the volumes whose capacity is unknown (no quota, and none in the
+    registry's `capacities`)."""
     total = count = 0.0
     for profile in dialect.profiles:
         sum_query, count_query = profile.utilization_sum_queries()
@@ -55,29 +56,8 @@ def prometheus_figures(
     if volumes:
         for name, query in queries.items():
             figures[name] = {s.labels.get(JUICEFS.volume_label, ""): s.value for s in prom.vector(query)}
-    stored, uncapped = [], []
-    for volume in volumes:
-        seen = {name: values.get(volume) for name, values in figures.items()}
-        used, used_inodes = seen["used_space"] or 0.0, seen["used_inodes"] or 0.0
-        space = capacities.get(volume)
-        if space is None and seen["total_space"] is not None:
-            space = juicefs_space_capacity(seen["total_space"], used)
-        inodes = juicefs_inode_capacity(seen["total_inodes"], used_inodes) if seen["total_inodes"] else None
-        if space is None:
-            uncapped.append(volume)
-        stored.append(
-            StorageVolume(
-                total_space=space,
-                used_space=used,
-                total_inodes=inodes,
-                used_inodes=used_inodes,
-                read_bandwidth=seen["read_bandwidth"] or 0.0,
-                write_bandwidth=seen["write_bandwidth"] or 0.0,
-            )
-        )
-    rx_query, tx_query = dialect.nic.traffic_queries(window)
-    rx = sum(s.value for s in prom.vector(rx_query))
-    tx = sum(s.value for s in prom.vector(tx_query))
+    stored, uncapped = juicefs_volumes(volumes, figures, capacities)
+    rx, tx = (_sum_or_unknown(prom, query) for query in dialect.nic.traffic_queries(window))
     return {
         "utilization": total / count if count else None,
         **storage_figures(stored),
@@ -86,15 +66,25 @@ def prometheus_figures(
     }, uncapped
 
 
+def _sum_or_unknown(prom: PromReader, query: str) -> float | None:
+    """The value of a `sum(...)` query, None when it has no series to add up (Prometheus answers
+    nothing, not 0)."""
+    samples = prom.vector(query)
+    return sum(s.value for s in samples) if samples else None
+
+
 @cluster_view(
     description="One row per cluster (Lens `cluster_overview_cache`): node health and idle buckets, "
     "allocation rate, utilization, storage and RDMA figures, as the read API serves them.",
     deps=[gpu_nodes, gpu_devices, storage_backends],
     kinds=frozenset({"prometheus", "sql"}),
     checks={
-        "totals_match_node_table": "Total, healthy and faulty nodes add up to the cluster's `node` rows.",
+        **ROWS_READABLE,
+        "totals_match_node_table": "Total, healthy and faulty nodes add up to the cluster's readable "
+        "`node` rows.",
         "every_healthy_node_in_one_bucket": "Fully idle + partially idle + busy = healthy nodes.",
-        "prometheus_fresh": "Prometheus answered this run (else its figures are the last stored ones).",
+        "prometheus_fresh": "Prometheus answered this run, every sample readable (else its figures are "
+        "the last stored ones; a malformed sample is skipped and counted).",
         "utilization_known": "The cluster's Prometheus has GPU utilization series (else it is NULL).",
         "storage_capacity_known": "Every JuiceFS volume has a capacity (a quota, or one in the registry); "
         "else the total and the usage percentage are NULL.",
@@ -105,11 +95,12 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
     cluster = turn.cluster
     engine = turn.lens_db.engine()
     with engine.connect() as conn:
-        nodes = overview_nodes(conn, cluster.name)
+        nodes, malformed = readable_nodes(overview_nodes(conn, cluster.name))
         volumes = storage_volumes(conn, cluster.name, JUICEFS.kind)
         previous = stored_overview(conn, cluster.name)
 
     prom = turn.prometheus_reader()
+    mark = turn.malformed_samples_mark()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     figures: dict[str, Any] | None = None
     uncapped: list[str] = []
@@ -151,11 +142,13 @@ def cluster_overview_cache(turn: ClusterTurn) -> MaterializeResult:
             check(
                 "totals_match_node_table",
                 row["total_nodes"] == len(nodes) == row["healthy_nodes"] + row["faulty_nodes"],
-                node_rows=len(nodes),
+                node_rows=len(nodes) + len(malformed),
+                malformed_node_rows=len(malformed),
                 total_nodes=row["total_nodes"],
             ),
+            rows_readable_check(turn, malformed),
             check("every_healthy_node_in_one_bucket", buckets == row["healthy_nodes"], bucketed=buckets),
-            check("prometheus_fresh", prom_error is None, warn=True, error=prom_error or ""),
+            prometheus_check("prometheus_fresh", turn, mark, prom_error),
             check(
                 "utilization_known",
                 prom_error is not None or row["utilization"] is not None,

@@ -8,15 +8,22 @@ named "default", §10.11):
   (workload_id, statistic_type "3h").
 """
 
-from datetime import UTC, datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal
+from datetime import UTC, datetime
 
 from dagster import MaterializeResult
 
+from lens_pipeline.collect.problems import MalformedObject, Problem
+from lens_pipeline.collect.safe import (
+    SAFE_GROUP_VERSION,
+    WINDOW,
+    node_statistic_row,
+    usage_within_bounds,
+    workload_statistic_row,
+)
 from lens_pipeline.defs.collectors.common import ClusterTurn, check
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import sync_metadata
-from lens_pipeline.defs.derived.common import cluster_view
+from lens_pipeline.defs.derived.common import ROWS_READABLE, cluster_view, rows_readable_check
 from lens_pipeline.defs.derived.statistics import workload_gpu_statistics
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.statistics import (
@@ -28,37 +35,33 @@ from lens_pipeline.store.statistics import (
     write_workload_statistics,
 )
 
-SAFE_GROUP_VERSION = "amd.com/v1"
-SAFE_CLUSTER_LABEL = "primus-safe.cluster.id"
-STATISTIC_TYPE = "3h"
-WINDOW = timedelta(hours=3)
-
-
-def percent(value: float | None) -> Decimal | None:
-    """A percentage as SaFE's DECIMAL(5,2) holds it."""
-    if value is None:
-        return None
-    return Decimal(str(value)).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-
 
 @cluster_view(
     description="SaFE `node_statistic`: every GPU node's utilization, by (cluster, node_name).",
     deps=[gpu_nodes],
-    checks={"one_row_per_gpu_node": "The cluster's live rows are exactly its GPU nodes."},
+    checks={**ROWS_READABLE, "one_row_per_gpu_node": "The cluster's live rows are exactly its GPU nodes."},
 )
 def safe_node_statistic(turn: ClusterTurn) -> MaterializeResult:
     now = datetime.now(UTC)
     cluster = turn.cluster
     with turn.lens_db.engine().connect() as conn:
         nodes = gpu_node_utilization(conn, cluster.name)
-    rows = [{"node_name": n["name"], "gpu_utilization": percent(n["gpu_utilization"])} for n in nodes]
+    rows, malformed = [], []
+    for node in nodes:
+        try:
+            rows.append(node_statistic_row(node))
+        except MalformedObject as exc:
+            # Still a GPU node: its row stays, its utilization unknown (DECIMAL(5,2) holds no other).
+            malformed.append(Problem("node", str(node["name"]), str(exc)))
+            rows.append({"node_name": node["name"], "gpu_utilization": None})
     with write_transaction(turn.safe_db.engine()) as conn:
         result = write_node_statistics(conn, cluster.name, rows, now=now)
     live = len(result.inserted) + len(result.updated) + result.unchanged
     return MaterializeResult(
         metadata={"cluster": cluster.name, "dagster/row_count": len(rows), **sync_metadata(result)},
         check_results=[
-            check("one_row_per_gpu_node", live == len(nodes), live_rows=live, gpu_nodes=len(nodes))
+            check("one_row_per_gpu_node", live == len(nodes), live_rows=live, gpu_nodes=len(nodes)),
+            rows_readable_check(turn, malformed),
         ],
     )
 
@@ -67,7 +70,11 @@ def safe_node_statistic(turn: ClusterTurn) -> MaterializeResult:
     description="SaFE `workload_statistic`: each running SaFE Workload's 3-hour average and peak GPU "
     "utilization, by (workload_id, statistic_type).",
     deps=[workload_gpu_statistics],
-    checks={"usage_within_bounds": "Every average and peak is a percentage with average <= peak."},
+    checks={
+        **ROWS_READABLE,
+        "usage_within_bounds": "Every average and peak is a percentage with average <= peak (a workload's "
+        "that is not is named and not written).",
+    },
 )
 def safe_workload_statistic(turn: ClusterTurn) -> MaterializeResult:
     now = datetime.now(UTC)
@@ -83,29 +90,24 @@ def safe_workload_statistic(turn: ClusterTurn) -> MaterializeResult:
     by_uid: dict[str, list[dict]] = {}
     for (uid, _hour), row in hours.items():
         by_uid.setdefault(uid, []).append(row)
-    rows = []
+    rows, malformed = [], []
     for workload in workloads:
-        samples = [h for h in by_uid.get(workload["uid"], []) if h["sample_count"]]
-        if not samples:
-            continue  # no utilization yet: SaFE shows "unknown" (-1), as the original did
-        count = sum(h["sample_count"] for h in samples)
-        rows.append(
-            {
-                "workload_id": workload["name"],
-                "statistic_type": STATISTIC_TYPE,
-                "workload_uid": workload["uid"],
-                "cluster": (workload["labels"] or {}).get(SAFE_CLUSTER_LABEL) or cluster.name,
-                "workspace": workload["namespace"],
-                # Weighted by samples (the original averaged the hourly averages).
-                "avg_gpu_usage_3h": percent(sum(h["total_sum"] for h in samples) / count),
-                "max_gpu_usage_3h": percent(max(h["max_utilization"] for h in samples)),
-                "data_points_count": count,
-            }
-        )
+        try:
+            row = workload_statistic_row(workload, by_uid.get(workload["uid"], []), cluster.name)
+        except MalformedObject as exc:  # a stored row that is not what its columns hold
+            malformed.append(Problem("workload", f"{workload.get('name')} {workload['uid']}", str(exc)))
+            continue
+        if row is not None:
+            rows.append(row)
+    # Figures SaFE's DECIMAL(5,2) percentages cannot hold are not written: the check names them.
+    bad = [r["workload_id"] for r in rows if not usage_within_bounds(r)]
+    rows = [r for r in rows if r["workload_id"] not in bad]
     with write_transaction(turn.safe_db.engine()) as conn:
         written = write_workload_statistics(conn, rows, now=now)
-    bad = [r["workload_id"] for r in rows if not (0 <= r["avg_gpu_usage_3h"] <= r["max_gpu_usage_3h"] <= 100)]
     return MaterializeResult(
         metadata={"cluster": cluster.name, "dagster/row_count": written, "safe_workloads": len(workloads)},
-        check_results=[check("usage_within_bounds", not bad, workloads=bad[:50])],
+        check_results=[
+            check("usage_within_bounds", not bad, workloads=bad[:50]),
+            rows_readable_check(turn, malformed),
+        ],
     )

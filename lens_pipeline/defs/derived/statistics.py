@@ -10,13 +10,16 @@ above them through `workload_pod_reference`: the pods that held GPUs in the wind
 catching up after an outage counts the pods that have ended since.
 """
 
+import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dagster import MaterializeResult, MetadataValue
 
 from lens_pipeline import settings
+from lens_pipeline.collect.problems import MalformedObject, Problem
 from lens_pipeline.collect.statistics import (
     PodKey,
     PodSeries,
@@ -26,11 +29,12 @@ from lens_pipeline.collect.statistics import (
     window_bounds,
     workload_window,
 )
-from lens_pipeline.defs.collectors.common import ClusterTurn, check
+from lens_pipeline.collect.stored import stored_count, stored_figure, stored_text
+from lens_pipeline.defs.collectors.common import ClusterTurn, check, prometheus_check
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
-from lens_pipeline.defs.derived.common import cluster_view
+from lens_pipeline.defs.derived.common import ROWS_READABLE, cluster_view, rows_readable_check
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.hourly import pods_of_workloads_between
@@ -85,15 +89,68 @@ def read_pod_now(prom: PromReader, profiles: Sequence[VendorProfile]) -> dict[Po
     return {key: (s, c) for key, (s, c) in now.items()}
 
 
+def _pod_keys(pods: Sequence[dict[str, Any]]) -> list[PodKey]:
+    return [(p["namespace"], p["name"]) for p in pods]
+
+
+@dataclass(frozen=True)
+class Span:
+    """The window a statistics run read: its first and last points (unix times), whether Prometheus
+    answered for it, and the run's time."""
+
+    first: float
+    last: float
+    queried: bool
+    now: datetime
+
+
+def statistic_row(
+    cluster: str,
+    workload: dict[str, Any],
+    previous: dict[str, Any] | None,
+    window: Window,
+    instant: float | None,
+    span: Span,
+) -> dict[str, Any]:
+    """The workload's `workload_statistic` row with the window added (MalformedObject when a stored
+    value it reads is not what its column holds)."""
+    figures = accumulate(previous, window)
+    began = (
+        previous["stat_start_time"]
+        if previous
+        else _utc(window.steps[0].time if window.steps else span.first)
+    )
+    return {
+        "cluster_name": cluster,
+        "uid": workload["uid"],
+        "namespace": stored_text(workload, "namespace"),
+        "workload_name": stored_text(workload, "name"),
+        "workload_type": stored_text(workload, "kind"),
+        "instant_gpu_utilization": instant if instant is not None else 0.0,
+        **figures,
+        "stat_start_time": began,
+        "stat_end_time": _utc(span.last) if span.queried else (previous or {}).get("stat_end_time", span.now),
+        "allocated_gpu_count": float(stored_count(workload, "gpu_request")),
+        "workload_status": stored_text(workload, "status"),
+        "labels": workload["labels"] or {},
+        "annotations": workload["annotations"] or {},
+        "created_at": span.now,
+        "updated_at": span.now,
+        "last_query_time": _utc(span.last) if span.queried else (previous or {}).get("last_query_time"),
+    }
+
+
 @cluster_view(
     description="GPU utilization of every running workload (Lens `workload_statistic`): "
     "avg/p50/p90/p95/min/max/instant, GPU-seconds held and held idle.",
     deps=[gpu_pods, gpu_workloads],
     kinds=frozenset({"prometheus", "sql"}),
     checks={
+        **ROWS_READABLE,
         "utilization_within_bounds": "Every figure is a percentage between 0 and 100.",
         "idle_within_allocated": "No workload has more idle GPU-seconds than GPU-seconds held.",
-        "prometheus_fresh": "Prometheus answered this run.",
+        "prometheus_fresh": "Prometheus answered this run, every sample readable (a malformed one is "
+        "skipped and counted).",
         "utilization_names_known_pods": "Every pod the GPU utilization series name is a GPU pod of the "
         "cluster (else its GPUs are attributed to nobody).",
     },
@@ -120,6 +177,7 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
     with engine.connect() as conn:
         pods_of = pods_of_workloads_between(conn, cluster.name, _utc(first), _utc(last + resolution))
     prom = turn.prometheus_reader()
+    mark = turn.malformed_samples_mark()
     prom_error = "no prometheus_url in the registry" if prom is None else None
     series: dict[PodKey, PodSeries] = {}
     current: dict[PodKey, tuple[float, float]] = {}
@@ -136,47 +194,40 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
             prom_error = str(exc)
     queried = prom_error is None and last >= first
 
-    rows, windows = [], {}
+    windows: dict[str, Window] = {}
     for workload in workloads:
-        uid, previous = workload["uid"], stored.get(workload["uid"])
-        pods = [(p["namespace"], p["name"]) for p in pods_of.get(uid, [])]
-        window = (
-            workload_window((series[p] for p in pods if p in series), resolution)
-            if queried
-            else Window([], resolution)
-        )
-        windows[uid] = window
-        instant = instant_utilization(current[p] for p in pods if p in current)
-        figures = accumulate(previous, window)
-        began = (
-            previous["stat_start_time"] if previous else _utc(window.steps[0].time if window.steps else first)
-        )
-        rows.append(
-            {
-                "cluster_name": cluster.name,
-                "uid": uid,
-                "namespace": workload["namespace"] or "",
-                "workload_name": workload["name"] or "",
-                "workload_type": workload["kind"] or "",
-                "instant_gpu_utilization": instant if instant is not None else 0.0,
-                **figures,
-                "stat_start_time": began,
-                "stat_end_time": _utc(last) if queried else (previous or {}).get("stat_end_time", now),
-                "allocated_gpu_count": float(workload["gpu_request"] or 0),
-                "workload_status": workload["status"],
-                "labels": workload["labels"] or {},
-                "annotations": workload["annotations"] or {},
-                "created_at": now,
-                "updated_at": now,
-                "last_query_time": _utc(last) if queried else (previous or {}).get("last_query_time"),
-            }
+        pods = _pod_keys(pods_of.get(workload["uid"], []))
+        series_of = (series[p] for p in pods if p in series)
+        windows[workload["uid"]] = (
+            workload_window(series_of, resolution) if queried else Window([], resolution)
         )
     # Rows of workloads that ended since: their final status, no more points.
     active = {w["uid"] for w in workloads}
     ended = [uid for uid, row in stored.items() if uid not in active and row["workload_status"] in ACTIVE]
     with engine.connect() as conn:
         finals = ended_workload_status(conn, cluster.name, ended)
+
+    rows: list[dict[str, Any]] = []
+    malformed: list[Problem] = []
+    span = Span(first, last, queried, now)
+    for workload in workloads:
+        uid = workload["uid"]
+        try:
+            instant = instant_utilization(current[p] for p in _pod_keys(pods_of.get(uid, [])) if p in current)
+            row = statistic_row(cluster.name, workload, stored.get(uid), windows[uid], instant, span)
+        except MalformedObject as exc:  # a stored row that is not what its columns hold
+            malformed.append(
+                Problem("workload", f"{workload.get('namespace')}/{workload.get('name')} {uid}", str(exc))
+            )
+            del windows[uid]
+            continue
+        rows.append(row)
     for uid in ended:
+        try:
+            accumulate(stored[uid], Window([], resolution))  # its figures, read back checked
+        except MalformedObject as exc:
+            malformed.append(Problem("workload_statistic", uid, str(exc)))
+            continue
         final = finals.get(uid, {"status": "Deleted", "end_at": None})
         rows.append({**stored[uid], "workload_status": final["status"], "updated_at": now})
         if final["end_at"] is not None:
@@ -191,7 +242,7 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
             turn.log.warning(f"cluster {cluster.name}: another run added this window first; nothing written")
 
     figures_in_bounds = all(
-        0.0 <= row[f"{name}_gpu_utilization"] <= 100.0
+        isinstance(value := row[f"{name}_gpu_utilization"], int | float) and 0.0 <= value <= 100.0
         for row in rows
         for name in ("avg", "min", "max", "instant")
     )
@@ -223,7 +274,8 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
         check_results=[
             check("utilization_within_bounds", figures_in_bounds),
             check("idle_within_allocated", not over_idle, over=over_idle[:50]),
-            check("prometheus_fresh", prom_error is None, warn=True, error=prom_error or ""),
+            rows_readable_check(turn, malformed),
+            prometheus_check("prometheus_fresh", turn, mark, prom_error),
             check(
                 "utilization_names_known_pods",
                 not strangers,
@@ -247,11 +299,32 @@ CONSUMER_COLUMNS = (
 )
 
 
+def consumer_row(
+    workload: dict[str, Any], pods: list[dict[str, Any]], stat: dict[str, Any]
+) -> dict[str, Any]:
+    """A running top-level workload's `gpu_consumers` row from its running pods and its statistic."""
+    return {
+        "uid": workload["uid"],
+        "group_version": workload["group_version"],
+        "kind": stored_text(workload, "kind"),
+        "namespace": stored_text(workload, "namespace"),
+        "name": stored_text(workload, "name"),
+        "gpu_allocated": sum(stored_count(p, "gpu_allocated") for p in pods),
+        "gpu_utilization": stored_figure(stat, "instant_gpu_utilization") or 0.0,
+        "active_pods": len(pods),
+        "idle_gpu_seconds": stored_figure(stat, "idle_gpu_seconds", 0.0) or 0.0,
+        "source": workload["source"],
+    }
+
+
 @cluster_view(
     description="GPU consumers: every running top-level workload with the GPUs its running pods hold, "
     "their utilization and its idle GPU time (`gpu_consumers`, the `consumer_pod_*` metrics).",
     deps=[workload_gpu_statistics],
-    checks={"allocated_within_cluster": "The consumers together hold no more GPUs than the running pods."},
+    checks={
+        **ROWS_READABLE,
+        "allocated_within_cluster": "The consumers together hold no more GPUs than the running pods.",
+    },
 )
 def gpu_consumers(turn: ClusterTurn) -> MaterializeResult:
     now = datetime.now(UTC)
@@ -262,31 +335,26 @@ def gpu_consumers(turn: ClusterTurn) -> MaterializeResult:
         pods_of = running_pods_by_workload(conn, cluster.name)
         stats = stored_statistics(conn, cluster.name)
     rows: list[dict[str, Any]] = []
+    malformed: list[Problem] = []
+    unreadable: list[str] = []
     for workload in workloads:
         if workload["parent_uid"] or workload["status"] != "Running":
             continue
-        pods = pods_of.get(workload["uid"], [])
-        stat = stats.get(workload["uid"], {})
-        rows.append(
-            {
-                "uid": workload["uid"],
-                "group_version": workload["group_version"],
-                "kind": workload["kind"] or "",
-                "namespace": workload["namespace"] or "",
-                "name": workload["name"] or "",
-                "gpu_allocated": sum(p["gpu_allocated"] or 0 for p in pods),
-                "gpu_utilization": float(stat.get("instant_gpu_utilization") or 0.0),
-                "active_pods": len(pods),
-                "idle_gpu_seconds": float(stat.get("idle_gpu_seconds") or 0.0),
-                "source": workload["source"],
-            }
-        )
+        uid = workload["uid"]
+        try:
+            rows.append(consumer_row(workload, pods_of.get(uid, []), stats.get(uid, {})))
+        except MalformedObject as exc:  # a stored row that is not what its columns hold
+            name = f"{workload.get('namespace')}/{workload.get('name')} {uid}"
+            malformed.append(Problem("consumer", name, str(exc)))
+            unreadable.append(uid)  # its stored consumer row stays
     with write_transaction(engine) as conn:
-        result = write_consumers(conn, cluster.name, rows, now=now)
+        result = write_consumers(conn, cluster.name, rows, now=now, unreadable=unreadable)
     held = sum(r["gpu_allocated"] for r in rows)
-    running = {
-        (p["namespace"], p["name"]): p["gpu_allocated"] or 0 for pods in pods_of.values() for p in pods
-    }
+    running: dict[tuple[str, str], int] = {}
+    for pods in pods_of.values():
+        for pod in pods:
+            with contextlib.suppress(MalformedObject):  # counted with its consumer above
+                running[(pod["namespace"], pod["name"])] = stored_count(pod, "gpu_allocated")
     return MaterializeResult(
         metadata={
             "cluster": cluster.name,
@@ -301,6 +369,7 @@ def gpu_consumers(turn: ClusterTurn) -> MaterializeResult:
                 held <= sum(running.values()),
                 held=held,
                 running=sum(running.values()),
-            )
+            ),
+            rows_readable_check(turn, malformed),
         ],
     )

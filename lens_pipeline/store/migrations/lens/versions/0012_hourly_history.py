@@ -1,17 +1,13 @@
 """hourly history: cluster, namespace, label and workload GPU hours, allocation snapshots
 
-Revision ID: 0009_lens
-Revises: 0008_lens
+Revision ID: 0012_lens
+Revises: 0011_lens
 Create Date: 2026-11-26 03:30:00.000000
 
 `workload_gpu_hourly_stats` gets the original's columns and one writer, the hourly history assets,
 which recompute whole hours of top-level workloads from Prometheus. Its rows so far were added up
 minute by minute by `workload_gpu_statistics`, for workloads of every level: the table is made anew
 (empty), and the hourly automation backfills the last days from Prometheus.
-
-On SQLite, timestamps the bulk upsert wrote on a whole second lacked their `.000000` (text that
-compares before the same time bound in a WHERE clause, so an hour's first row was missed): they get
-it, as every write now stores them.
 """
 
 from collections.abc import Sequence
@@ -22,8 +18,8 @@ from sqlalchemy.dialects import postgresql
 
 import lens_pipeline.store.types
 
-revision: str = "0009_lens"
-down_revision: str | None = "0008_lens"
+revision: str = "0012_lens"
+down_revision: str | None = "0011_lens"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -54,26 +50,7 @@ def _utilization(*names: str) -> list:
     return [sa.Column(f"{n}_utilization", sa.Float(), nullable=True) for n in names]
 
 
-def _whole_seconds_in_sqlite_format() -> None:
-    bind = op.get_bind()
-    if bind.dialect.name != "sqlite":
-        return
-    inspector = sa.inspect(bind)
-    for table in inspector.get_table_names():
-        for column in inspector.get_columns(table):
-            if isinstance(column["type"], sa.DateTime):
-                name = column["name"]
-                # A twin already in the long form is the same row: REPLACE keeps one of them.
-                op.execute(
-                    sa.text(
-                        f'UPDATE OR REPLACE "{table}" SET "{name}" = "{name}" || \'.000000\' '
-                        f'WHERE length("{name}") = 19'
-                    )
-                )
-
-
 def upgrade() -> None:
-    _whole_seconds_in_sqlite_format()
     op.create_table(
         "cluster_gpu_hourly_stats",
         *_base(),
