@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -122,6 +122,7 @@ def create_app(
         description=__doc__,
         default_response_class=Response,
         docs_url=None,
+        redoc_url=None,
         lifespan=lifespan,
     )
     metrics = CollectorRegistry()
@@ -180,7 +181,7 @@ def create_app(
 
 
 def _offline_docs(app: FastAPI) -> None:
-    """`/docs`: Swagger UI from files the API serves itself (a package's copy), no CDN."""
+    """`/docs` (Swagger UI) and `/redoc` from files the API serves itself (a package's copy), no CDN."""
     app.mount("/docs-assets", StaticFiles(directory=str(SWAGGER_ASSETS)), name="docs-assets")
 
     @app.get("/docs", include_in_schema=False)
@@ -192,6 +193,17 @@ def _offline_docs(app: FastAPI) -> None:
             swagger_js_url=f"{root}/docs-assets/swagger-ui-bundle.js",
             swagger_css_url=f"{root}/docs-assets/swagger-ui.css",
             swagger_favicon_url=f"{root}/docs-assets/favicon.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}/docs-assets/redoc.standalone.js",
+            redoc_favicon_url=f"{root}/docs-assets/favicon.png",
+            with_google_fonts=False,
         )
 
 

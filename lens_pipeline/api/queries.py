@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, case, distinct, func, literal, or_, select
+from sqlalchemy import Connection, Engine, and_, bindparam, case, func, literal, or_, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
 
@@ -596,10 +596,10 @@ def workload_metadata(conn: Connection, cluster: str) -> tuple[list[str], list[s
     """The namespaces of every workload, and the kinds of the top-level ones."""
     where = gpu_workload.c.cluster_name == cluster
     namespaces = conn.scalars(
-        select(distinct(gpu_workload.c.namespace)).where(where, gpu_workload.c.namespace.is_not(None))
+        select(gpu_workload.c.namespace).distinct().where(where, gpu_workload.c.namespace.is_not(None))
     )
     kinds = conn.scalars(
-        select(distinct(gpu_workload.c.kind)).where(where, _top_level(), gpu_workload.c.kind.is_not(None))
+        select(gpu_workload.c.kind).distinct().where(where, _top_level(), gpu_workload.c.kind.is_not(None))
     )
     return sorted(namespaces), sorted(kinds)
 

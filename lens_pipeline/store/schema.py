@@ -262,6 +262,7 @@ workload_pod_reference = Table(
     Column("pod_uid", String(128), nullable=False),
     Column("created_at", UTCDateTime()),
     UniqueConstraint("cluster_name", "workload_uid", "pod_uid"),
+    Index("ix_workload_pod_reference_pod", "cluster_name", "pod_uid"),
 )
 
 # §1.12
