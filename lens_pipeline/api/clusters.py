@@ -101,11 +101,9 @@ def add_routes(app: FastAPI, ctx: Routes) -> None:
         summary="Power, temperature and utilization of the GPUs of the 5 hottest nodes (spec §3)",
     )
     def gpu_heatmap(cluster: str | None = None) -> Response:
-        name = ctx.resolve(cluster)
+        name = ctx.known(cluster)
         with ctx.engine.connect() as conn:
             nodes = queries.node_addresses(conn, name)
-            if not nodes and not queries.cluster_exists(conn, name):
-                raise ApiError(404, f"cluster {name!r} not found")
         series = ctx.prometheus.for_cluster(name)
         index = node_index(nodes)
         data = {}

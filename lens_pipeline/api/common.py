@@ -164,6 +164,15 @@ class Routes:
     def guarded(self) -> list[Any]:
         return [Depends(self.authorize)]
 
+    def known(self, cluster: str | None) -> str:
+        """The resolved cluster; a 404 when the database knows nothing of it (before any
+        Prometheus is asked: an unknown cluster is not an unavailable one)."""
+        name = self.resolve(cluster)
+        with self.engine.connect() as conn:
+            if not queries.cluster_exists(conn, name):
+                raise ApiError(404, f"cluster {name!r} not found")
+        return name
+
     def node(self, cluster: str | None, name: str) -> tuple[str, dict]:
         """(cluster, the node's row); a 404 when the cluster has no such node."""
         checked(name, "node name")

@@ -177,7 +177,7 @@ def add_routes(app: FastAPI, ctx: Routes) -> None:
         summary="The cluster's allocation rate, GPU utilization and VRAM use over time",
     )
     def gpu_utilization_history(span: Span, cluster: str | None = None) -> Response:
-        name = ctx.resolve(cluster)
+        name = ctx.known(cluster)
         return envelope(cluster_history(ctx.prometheus.for_cluster(name), span))
 
     @app.get(
