@@ -113,6 +113,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        overview.start()
         yield
         overview.close()
 
