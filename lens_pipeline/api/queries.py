@@ -434,7 +434,8 @@ def node_pod_history(conn: Connection, cluster: str, node_name: str, page: Page)
     rows = _rows(conn, query)
     owners = _top_level_owners(conn, cluster, [r["uid"] for r in rows])
     for row in rows:
-        row["workload"] = (owners.get(row["uid"]) or [None])[0]
+        found = owners.get(row["uid"])
+        row["workload"] = found[0] if found else None  # a bare pod has no workload
     return rows, total
 
 
