@@ -9,7 +9,7 @@ rows; `lens api` serves it in a subprocess; wrk asks for a random cached cluster
 then, per route, cycles through URLs of different nodes and workloads for `--route-seconds`.
 
     .venv/bin/python bench/bench_api.py [--clusters 1000] [--connections 8] [--seconds 20]
-        [--route-seconds 5] [--route-connections 4] [--workers 1]
+        [--route-seconds 5] [--route-connections 4] [--sim-nodes 1000] [--workers 1]
         [--database-url postgresql+psycopg2://postgres@127.0.0.1:5432/lens_api_bench]
 """
 
@@ -31,6 +31,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from lens_pipeline.collect.overview import NODE_COUNTS, OVERVIEW_FIGURES
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+from lens_pipeline.sim.truth import cluster_truth
 from lens_pipeline.store.db import get_engine, write_transaction
 from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.overview import write_overview
@@ -273,6 +277,40 @@ def route_urls(ingredients: dict[str, list[str]], now: int) -> dict[str, list[st
     }
 
 
+def simulated_series(
+    url: str, nodes: int, now: int, work: Path
+) -> tuple[SimServer, Path, dict[str, list[str]]]:
+    """A simulated cluster of `nodes` nodes served on localhost, its `node` rows (the truth's) in
+    the database and its registry, and the URLs of the series routes over its last 24 hours."""
+    fleet = SimFleet.generate(clusters=1, nodes=nodes, seed=3, vendor="amd")
+    (cluster,) = fleet.clusters
+    server = SimServer(fleet).start()
+    registry = write_registry(work / "clusters.yaml", server)
+    stamp = datetime.now(UTC)
+    rows = [
+        {**row, "cluster_name": cluster.name, "created_at": stamp, "updated_at": stamp}
+        for row in cluster_truth(cluster)["nodes"]
+    ]
+    with write_transaction(get_engine(url)) as conn:
+        bulk_upsert(conn, node, rows)
+    ready = [r["name"] for r in rows if r["status"] == "Ready"][:50]
+    c = f"cluster={cluster.name}"
+    day = f"start={now - 86_400}&end={now}"
+    urls = {
+        "/v1/nodes/gpuUtilizationHistory (24 h, step 300)": [
+            f"/v1/nodes/gpuUtilizationHistory?{c}&{day}&step=300"
+        ],
+        "/v1/nodes/{name}/gpuMetrics (24 h, step 60)": [
+            f"/v1/nodes/{n}/gpuMetrics?{c}&{day}&step=60" for n in ready
+        ],
+        "/v1/nodes/{name}/utilizationHistory (24 h, step 60)": [
+            f"/v1/nodes/{n}/utilizationHistory?{c}&{day}&step=60" for n in ready
+        ],
+        "/v1/clusters/gpuHeatmap": [f"/v1/clusters/gpuHeatmap?{c}"],
+    }
+    return server, registry, urls
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -350,6 +388,9 @@ def main() -> int:
     parser.add_argument("--route-connections", type=int, default=4)
     parser.add_argument("--route-seconds", type=int, default=5)
     parser.add_argument("--wrk-threads", type=int, default=2)
+    parser.add_argument(
+        "--sim-nodes", type=int, default=1000, help="simulated nodes of the series routes (0: none)"
+    )
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--database-url")
     args = parser.parse_args()
@@ -365,11 +406,16 @@ def main() -> int:
         ingredients = fill_envelope(url, args.live_nodes, args.pods_per_node, now)
         print(f"filled in {time.perf_counter() - started:.0f} s")
         urls = route_urls(ingredients, int(now.timestamp()))
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
+        sim = None
         env = {**os.environ, "LENS_DATABASE_URL": url}
         env.pop("LENS_API_TOKEN", None)
         env.pop("LENS_CLUSTERS_FILE", None)
+        if args.sim_nodes:
+            sim, registry, series = simulated_series(url, args.sim_nodes, int(now.timestamp()), work)
+            urls.update(series)
+            env["LENS_CLUSTERS_FILE"] = str(registry)
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
             [
                 sys.executable,
@@ -418,6 +464,8 @@ def main() -> int:
         finally:
             server.terminate()
             server.wait(timeout=30)
+            if sim is not None:
+                sim.stop()
     dialect = url.split(":", 1)[0]
     print(
         f"database: {dialect}; workers: {args.workers}; clusters cached: {args.clusters}; load average: {os.getloadavg()[0]:.2f}"
@@ -432,8 +480,8 @@ def main() -> int:
         f"max {max(live):.1f} ms over {len(live)} requests"
     )
     print(
-        f"routes at {args.live_nodes} nodes, {args.live_nodes * args.pods_per_node} pods, "
-        f"wrk -c{args.route_connections} -d{args.route_seconds}s each:"
+        f"routes at {args.live_nodes} nodes, {args.live_nodes * args.pods_per_node} pods "
+        f"(series: {args.sim_nodes} simulated nodes), wrk -c{args.route_connections} -d{args.route_seconds}s each:"
     )
     for route, figures in routes.items():
         print(

@@ -49,7 +49,7 @@ from lens_pipeline.api.prometheus import ClusterPrometheus
 from lens_pipeline.api.queries import NODE_ORDER, WORKLOAD_ORDER
 from lens_pipeline.clusters import Registry, load_registry
 from lens_pipeline.collect.overview import api_overview
-from lens_pipeline.store.db import get_engine
+from lens_pipeline.store.db import get_engine, get_read_engine
 from lens_pipeline.store.event_log import Backlog
 from lens_pipeline.store.migrate import ensure_schema
 
@@ -606,8 +606,8 @@ def _ingest_lag(waiting: list[Backlog]) -> Iterator[GaugeMetricFamily]:
 def app_from_environment() -> FastAPI:
     """The app `lens api` serves: the Lens database, token, default cluster and cluster registry
     (`LENS_CLUSTERS_FILE`, for the clusters' Prometheus) from the environment."""
-    engine = get_engine(settings.lens_database_url())
-    ensure_schema(engine, "lens")
+    ensure_schema(get_engine(settings.lens_database_url()), "lens")
+    engine = get_read_engine(settings.lens_database_url())
     registry_file = settings.clusters_file()
     return create_app(
         engine,
