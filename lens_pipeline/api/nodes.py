@@ -146,13 +146,13 @@ def add_routes(app: FastAPI, ctx: Routes) -> None:
         return envelope(
             [
                 {
-                    "node": r["name"],
-                    "vendor": r["vendor"],
-                    "capacity": r["gpu_count"],
-                    "allocated": r["gpu_allocation"] or 0,
-                    "allocationRate": (r["gpu_allocation"] or 0) / r["gpu_count"],
+                    "node": name,
+                    "vendor": vendor,
+                    "capacity": gpus,
+                    "allocated": held,
+                    "allocationRate": held / gpus,
                 }
-                for r in rows
+                for name, gpus, held, vendor in rows
             ]
         )
 

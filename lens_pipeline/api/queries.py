@@ -305,9 +305,9 @@ def node_addresses(conn: Connection, cluster: str) -> list[Row]:
     return _rows(conn, select(node.c.name, node.c.address).where(node.c.cluster_name == cluster))
 
 
-def node_allocations(conn: Connection, cluster: str, vendor: str | None) -> list[Row]:
-    """Per node with GPUs: capacity, GPUs allocated, and its vendor (the registry's when it names
-    one, else the vendor whose product label the node carries)."""
+def node_allocations(conn: Connection, cluster: str, vendor: str | None) -> list[tuple[str, int, int, str]]:
+    """Per node with GPUs: (name, capacity, GPUs allocated, vendor: the registry's when it names
+    one, else the vendor whose product label the node carries). Tuples: 5,000 of them per answer."""
     if vendor is None:
         which: Any = case(
             *((node.c.labels[p.product_label].as_string().is_not(None), p.name) for p in PROFILES.values()),
@@ -316,11 +316,11 @@ def node_allocations(conn: Connection, cluster: str, vendor: str | None) -> list
     else:
         which = literal(vendor)
     query = (
-        select(node.c.name, node.c.gpu_count, node.c.gpu_allocation, which.label("vendor"))
+        select(node.c.name, node.c.gpu_count, func.coalesce(node.c.gpu_allocation, 0), which)
         .where(node.c.cluster_name == cluster, node.c.gpu_count > 0)
         .order_by(node.c.name)
     )
-    return _rows(conn, query)
+    return [tuple(row) for row in conn.execute(query)]  # type: ignore[misc]
 
 
 def _top_level() -> ColumnElement[bool]:
