@@ -254,13 +254,7 @@ def _cluster_routes(app: FastAPI, ctx: Routes, metrics: CollectorRegistry) -> No
         # The hot path: no dependency solving, no thread hop, one indexed read (microseconds).
         await ctx.authorize(request)
         name = ctx.resolve(request.query_params.get("cluster"))
-        row = ctx.cached_overview(name)
-        if row is None:
-            with ctx.engine.connect() as conn:
-                row = queries.live_overview(conn, name)
-        if row is None:
-            raise ApiError(404, f"cluster {name!r} not found")
-        return envelope(api_overview(row))
+        return envelope(api_overview(ctx.overview_row(name)))
 
     @app.get("/v1/clusters/consumers", dependencies=ctx.guarded, summary="Running top-level GPU consumers")
     def consumers(paging: Paging, cluster: str | None = None) -> Response:

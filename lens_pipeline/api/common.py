@@ -173,6 +173,17 @@ class Routes:
                 raise ApiError(404, f"cluster {name!r} not found")
         return name
 
+    def overview_row(self, cluster: str) -> dict:
+        """The cluster's overview: the cached row, else computed from the `node` table; a 404 for a
+        cluster the database does not know. Called from the event loop (the copy's reader is)."""
+        row = self.cached_overview(cluster)
+        if row is None:
+            with self.engine.connect() as conn:
+                row = queries.live_overview(conn, cluster)
+        if row is None:
+            raise ApiError(404, f"cluster {cluster!r} not found")
+        return row
+
     def node(self, cluster: str | None, name: str) -> tuple[str, dict]:
         """(cluster, the node's row); a 404 when the cluster has no such node."""
         checked(name, "node name")

@@ -18,7 +18,6 @@ from fastapi.responses import Response
 
 from lens_pipeline.api import queries
 from lens_pipeline.api.common import (
-    ApiError,
     Paging,
     Routes,
     Span,
@@ -162,13 +161,7 @@ def add_routes(app: FastAPI, ctx: Routes) -> None:
         summary="The cluster's allocation rate and GPU utilization now",
     )
     async def gpu_utilization(cluster: str | None = None) -> Response:
-        name = ctx.resolve(cluster)
-        row = ctx.cached_overview(name)
-        if row is None:
-            with ctx.engine.connect() as conn:
-                row = queries.live_overview(conn, name)
-        if row is None:
-            raise ApiError(404, f"cluster {name!r} not found")
+        row = ctx.overview_row(ctx.resolve(cluster))
         return envelope({"allocationRate": row["allocation_rate"], "utilization": row["utilization"]})
 
     @app.get(

@@ -323,6 +323,19 @@ def node_allocations(conn: Connection, cluster: str, vendor: str | None) -> list
     return [tuple(row) for row in conn.execute(query)]  # type: ignore[misc]
 
 
+def _resources_of_pod() -> ColumnElement[bool]:
+    """`pod_resource` joined to `gpu_pods`: the same pod."""
+    return and_(pod_resource.c.cluster_name == gpu_pods.c.cluster_name, pod_resource.c.uid == gpu_pods.c.uid)
+
+
+def _statistic_of_workload() -> ColumnElement[bool]:
+    """`workload_statistic` joined to `gpu_workload`: the same workload."""
+    return and_(
+        workload_statistic.c.cluster_name == gpu_workload.c.cluster_name,
+        workload_statistic.c.uid == gpu_workload.c.uid,
+    )
+
+
 def _top_level() -> ColumnElement[bool]:
     return or_(gpu_workload.c.parent_uid.is_(None), gpu_workload.c.parent_uid == "")
 
@@ -422,9 +435,7 @@ def node_pod_history(conn: Connection, cluster: str, node_name: str, page: Page)
         )
         .outerjoin(
             pod_resource,
-            and_(
-                pod_resource.c.cluster_name == gpu_pods.c.cluster_name, pod_resource.c.uid == gpu_pods.c.uid
-            ),
+            _resources_of_pod(),
         )
         .where(where)
         .order_by(gpu_pods.c.created_at.desc(), gpu_pods.c.uid)
@@ -486,9 +497,7 @@ def workloads(
         )
         .outerjoin(
             statistic,
-            and_(
-                statistic.c.cluster_name == gpu_workload.c.cluster_name, statistic.c.uid == gpu_workload.c.uid
-            ),
+            _statistic_of_workload(),
         )
         .where(where)
         .order_by(column.desc() if descending else column.asc(), gpu_workload.c.uid)
@@ -589,10 +598,7 @@ def workload_summary(conn: Connection, cluster: str, low_below: float) -> Row:
         .select_from(
             gpu_workload.outerjoin(
                 statistic,
-                and_(
-                    statistic.c.cluster_name == gpu_workload.c.cluster_name,
-                    statistic.c.uid == gpu_workload.c.uid,
-                ),
+                _statistic_of_workload(),
             )
         )
         .where(
@@ -655,10 +661,7 @@ def workload_pods_between(
         .select_from(
             referenced(gpu_pods).join(
                 pod_resource,
-                and_(
-                    pod_resource.c.cluster_name == gpu_pods.c.cluster_name,
-                    pod_resource.c.uid == gpu_pods.c.uid,
-                ),
+                _resources_of_pod(),
             )
         )
         .where(
