@@ -387,7 +387,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--route-connections", type=int, default=4)
     parser.add_argument("--route-seconds", type=int, default=5)
-    parser.add_argument("--wrk-threads", type=int, default=2)
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (one leaves the server a core)")
     parser.add_argument(
         "--sim-nodes", type=int, default=1000, help="simulated nodes of the series routes (0: none)"
     )
