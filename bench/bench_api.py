@@ -376,6 +376,13 @@ def check_urls(base: str, urls: dict[str, list[str]]) -> None:
             assert b'"code":2000' in body, (route, path, body[:200])
 
 
+def prometheus_queries(base: str) -> tuple[float, float]:
+    """(seconds, count) the API's Prometheus queries took so far (`lens_api_prometheus_query_seconds`)."""
+    text = urllib.request.urlopen(f"{base}/metrics").read().decode()
+    found = dict(re.findall(r"^lens_api_prometheus_query_seconds_(sum|count) ([\d.e+-]+)$", text, re.M))
+    return float(found.get("sum", 0)), float(found.get("count", 0))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -387,7 +394,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--route-connections", type=int, default=4)
     parser.add_argument("--route-seconds", type=int, default=5)
-    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (one leaves the server a core)")
+    parser.add_argument(
+        "--wrk-threads", type=int, default=1, help="wrk threads (one leaves the server a core)"
+    )
     parser.add_argument(
         "--sim-nodes", type=int, default=1000, help="simulated nodes of the series routes (0: none)"
     )
@@ -449,8 +458,10 @@ def main() -> int:
                 urllib.request.urlopen(f"{base}/v1/clusters/overview?cluster={LIVE_CLUSTER}").read()
                 live.append((time.perf_counter() - started) * 1000)
             check_urls(base, urls)
-            routes = {
-                route: run_wrk(
+            routes = {}
+            for route, paths in urls.items():
+                before = prometheus_queries(base)
+                routes[route] = run_wrk(
                     base,
                     ROUTE_SCRIPT.format(paths=", ".join(f'"{p}"' for p in paths)),
                     args.route_connections,
@@ -459,8 +470,10 @@ def main() -> int:
                     threads=args.wrk_threads,
                     quiet=True,
                 )
-                for route, paths in urls.items()
-            }
+                seconds, count = (a - b for a, b in zip(prometheus_queries(base), before, strict=True))
+                answered = routes[route]["requests_per_second"] * args.route_seconds
+                routes[route]["queries"] = count / answered if answered else 0.0
+                routes[route]["query_ms"] = 1000 * seconds / count if count else 0.0
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -484,9 +497,14 @@ def main() -> int:
         f"(series: {args.sim_nodes} simulated nodes), wrk -c{args.route_connections} -d{args.route_seconds}s each:"
     )
     for route, figures in routes.items():
+        asked = (
+            f"  {figures['queries']:.1f} Prometheus queries/request, {figures['query_ms']:.1f} ms each"
+            if figures["queries"]
+            else ""
+        )
         print(
             f"  {route:<52} {figures['requests_per_second']:7.0f} req/s  p50 {figures['p50_ms']:6.2f} ms  "
-            f"p99 {figures['p99_ms']:6.2f} ms  non-2xx {figures['non_2xx']:.0f}"
+            f"p99 {figures['p99_ms']:6.2f} ms  non-2xx {figures['non_2xx']:.0f}{asked}"
         )
     return 0
 

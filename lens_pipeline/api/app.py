@@ -168,7 +168,14 @@ def create_app(
             return known[0]
         raise ApiError(400, f"query parameter cluster is required ({len(known)} clusters are known)")
 
-    ctx = Routes(engine, authorize, resolve, overview, ClusterPrometheus(registry, prometheus_errors))
+    prometheus_latency = Histogram(
+        "lens_api_prometheus_query_seconds",
+        "Time each Prometheus query of the series routes took (request and parsing of the answer)",
+        registry=metrics,
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+    )
+    prometheus = ClusterPrometheus(registry, prometheus_errors, prometheus_latency)
+    ctx = Routes(engine, authorize, resolve, overview, prometheus)
     _error_handlers(app, errors)
     _cluster_routes(app, ctx, metrics)
     # Before `/v1/nodes/{name}` and `/v1/workloads/{uid}`: `gpuAllocation`, `statistic`... are

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 from lens_pipeline.api.common import ApiError, TimeRange
 from lens_pipeline.clusters import ClusterNotFound, Registry
@@ -26,6 +27,7 @@ from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader, Sample, Series
 from lens_pipeline.vendors import Dialect, ExporterOverrides
 
+T = TypeVar("T")
 # The dialect is learned again after this long (an exporter upgraded, a relabelling changed), and
 # the registry file read again (a cluster added): a few requests every few minutes.
 DIALECT_SECONDS = 300.0
@@ -50,13 +52,19 @@ class ClusterPrometheus:
     """Per cluster, a reader of its Prometheus and its dialect. Thread-safe: the API's routes run
     in a thread pool and share the readers (and their connections)."""
 
-    def __init__(self, load_registry: Callable[[], Registry] | None, errors: Counter | None = None) -> None:
+    def __init__(
+        self,
+        load_registry: Callable[[], Registry] | None,
+        errors: Counter | None = None,
+        latency: Histogram | None = None,
+    ) -> None:
         self._load = load_registry
         self._registry: Registry | None = None
         self._loaded_at = 0.0
         self._known: dict[str, _Known] = {}
         self._lock = threading.Lock()
         self._errors = errors
+        self.latency = latency
 
     def _registry_now(self) -> Registry | None:
         if self._load is None:
@@ -126,17 +134,21 @@ class ClusterSeries:
     reader: PromReader
     dialect: Dialect
 
-    def vector(self, query: str) -> list[Sample]:
+    def _timed(self, ask: Callable[[], T]) -> T:
+        started = time.perf_counter()
         try:
-            return self.reader.vector(query)
+            return ask()
         except PromError as exc:
             raise self.source.unavailable(exc) from None
+        finally:
+            if self.source.latency is not None:
+                self.source.latency.observe(time.perf_counter() - started)
+
+    def vector(self, query: str) -> list[Sample]:
+        return self._timed(lambda: self.reader.vector(query))
 
     def matrix(self, query: str, span: TimeRange) -> list[Series]:
-        try:
-            return self.reader.matrix(query, span.start_time, span.end_time, span.step)
-        except PromError as exc:
-            raise self.source.unavailable(exc) from None
+        return self._timed(lambda: self.reader.matrix(query, span.start_time, span.end_time, span.step))
 
     def vectors(self, queries: Sequence[str]) -> list[list[Sample]]:
         """Instant queries asked together, answered in their order."""
