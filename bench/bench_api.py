@@ -251,6 +251,19 @@ def fill_envelope(url: str, nodes: int, pods_per_node: int, now: datetime) -> di
     }
 
 
+def analyze(url: str) -> None:
+    """Planner statistics after the bulk load, as autovacuum (PostgreSQL) or InnoDB's automatic
+    recalculation (MariaDB) take them soon after in a deployment; `lens api` takes SQLite's itself."""
+    engine = get_engine(url)
+    if engine.dialect.name == "postgresql":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("ANALYZE")
+    elif engine.dialect.name in ("mysql", "mariadb"):
+        with engine.connect() as conn:
+            for table in ("node", "gpu_workload", "gpu_pods", "pod_resource", "workload_pod_reference"):
+                conn.exec_driver_sql(f"ANALYZE TABLE {table}")
+
+
 def route_urls(ingredients: dict[str, list[str]], now: int) -> dict[str, list[str]]:
     """Per route measured: the URLs wrk cycles through."""
     c = f"cluster={LIVE_CLUSTER}"
@@ -413,6 +426,7 @@ def main() -> int:
         started = time.perf_counter()
         fill(url, args.clusters, args.live_nodes)
         ingredients = fill_envelope(url, args.live_nodes, args.pods_per_node, now)
+        analyze(url)
         print(f"filled in {time.perf_counter() - started:.0f} s")
         urls = route_urls(ingredients, int(now.timestamp()))
         sim = None
