@@ -33,7 +33,9 @@ from lens_pipeline_tests.defs.test_collectors_against_truth import table, truth
 from lens_pipeline_tests.defs.test_derived_against_truth import run_cluster
 
 TOKEN = "s3cret-token"
-OVERVIEW_STALE_BOUND = 1.5  # seconds: the copy's refresh (1 s) and one read
+# Seconds: the copy follows the table within its refresh (1 s) and a read; a copy not refreshed for
+# 3 s is not used at all (the table is read).
+OVERVIEW_STALE_BOUND = 3.5
 INJECTIONS = (
     "' OR '1'='1",
     "x'; DROP TABLE node; --",
@@ -131,7 +133,7 @@ def test_overview_cache_miss_is_computed_live_from_the_node_table(served):
         conn.execute(delete(cluster_overview_cache).where(cluster_overview_cache.c.cluster_name == cluster))
     deleted = time.monotonic()
     try:
-        # The API's copy of the table follows it within its stated bound (one refresh, 1 s).
+        # The API's copy of the table follows it within its stated bound.
         while True:
             status, body = api.get("/v1/clusters/overview", cluster=cluster)
             assert status == 200

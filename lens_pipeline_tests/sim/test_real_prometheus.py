@@ -346,7 +346,9 @@ def test_the_read_api_on_a_real_prometheus_answers_as_on_the_simulators(scraped,
             if node["status"] != "Ready":
                 continue
             from_real, from_sim = both(f"/v1/nodes/{node['name']}/utilization", cluster=name)
-            assert from_real["cpu_utilization"] == pytest.approx(from_sim["cpu_utilization"], abs=2.0)
+            # irate of two scrapes a second apart: the counters are read a few ms after each
+            # scrape's timestamp (more on a busy machine), and count hundredths of a second.
+            assert from_real["cpu_utilization"] == pytest.approx(from_sim["cpu_utilization"], abs=5.0)
             assert from_real["mem_utilization"] == pytest.approx(from_sim["mem_utilization"])
             assert from_real["cpu_utilization"] is not None
             from_real, from_sim = both(f"/v1/nodes/{node['name']}/gpuMetrics", **window)
