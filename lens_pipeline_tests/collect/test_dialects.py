@@ -15,7 +15,13 @@ from lens_pipeline.collect.statistics import window_bounds
 from lens_pipeline.vendors import AMD, JUICEFS, NVIDIA, ExporterOverrides, learn_dialect, learn_profile
 
 AMD_LABELS = {"hostname", "gpu_id", "serial_number", "card_model", "card_series", "pod", "namespace"}
-AMD_METRICS = {"gpu_gfx_activity", "gpu_junction_temperature", "gpu_package_power", "gpu_total_vram"}
+AMD_METRICS = {
+    "gpu_gfx_activity",
+    "gpu_junction_temperature",
+    "gpu_package_power",
+    "gpu_total_vram",
+    "gpu_used_vram",
+}
 
 
 def labels_of(table: dict[str, set[str]]):
