@@ -148,6 +148,26 @@ class VendorProfile:
         """Every metric the profile reads, utilization first."""
         return (self.util_metric, *self.device_metrics.values())
 
+    @property
+    def held(self) -> str:
+        """The matcher of a GPU a pod holds (the exporters label it with the pod)."""
+        return f'{self.pod_label}!=""'
+
+    def memory_metrics(self) -> tuple[str, tuple[str, ...]] | None:
+        """(used, the metrics whose sum is the total) of a GPU's memory, as `gpu_device.memory` adds
+        them: the exporter's total, or used + free (+ reserved); None when the cluster lacks them."""
+        figures = self.device_metrics
+        if "vram_used" not in figures:
+            return None
+        if "vram_total" in figures:
+            return figures["vram_used"], (figures["vram_total"],)
+        if "vram_free" not in figures:
+            return None
+        parts = [figures["vram_used"], figures["vram_free"]]
+        if "vram_reserved" in figures:
+            parts.append(figures["vram_reserved"])
+        return figures["vram_used"], tuple(parts)
+
 
 AMD = VendorProfile(
     name="amd",
@@ -270,6 +290,29 @@ class NicProfile:
 
 
 INFINIBAND = NicProfile()
+
+
+@dataclass(frozen=True)
+class HostProfile:
+    """A node's CPU and memory as node_exporter shows them (the same scrape as its InfiniBand
+    series, so named by the same node label, `Dialect.nic.node_label`)."""
+
+    cpu_counter: str = "node_cpu_seconds_total"
+    mode_label: str = "mode"
+    idle_mode: str = "idle"
+    memory_available: str = "node_memory_MemAvailable_bytes"
+    memory_total: str = "node_memory_MemTotal_bytes"
+
+    def idle_query(self, matcher: str) -> str:
+        """The mean idle fraction of the node's CPUs (0-1): busy percent is 100 x (1 - it)."""
+        return f'avg(irate({self.cpu_counter}{{{self.mode_label}="{self.idle_mode}", {matcher}}}[5m]))'
+
+    def memory_queries(self, matcher: str) -> tuple[str, str]:
+        """The node's available and total memory (bytes): used percent is 100 x (1 - a / t)."""
+        return f"sum({self.memory_available}{{{matcher}}})", f"sum({self.memory_total}{{{matcher}}})"
+
+
+NODE_HOST = HostProfile()
 
 
 @dataclass(frozen=True)

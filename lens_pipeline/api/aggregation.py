@@ -13,17 +13,22 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, FastAPI, Query
 from fastapi.responses import Response
 from sqlalchemy import ColumnElement, Connection, Table, func, select
 
 from lens_pipeline.api import queries
-
-# app.py includes these routes from inside create_app (its import of this module comes after its
-# own definitions are made).
-from lens_pipeline.api.app import ApiError, _checked, _require_cluster, envelope
+from lens_pipeline.api.common import (
+    MAX_PAGE_NUM,
+    MAX_PAGE_SIZE,
+    ApiError,
+    Routes,
+    checked,
+    envelope,
+    require_cluster,
+)
 from lens_pipeline.store.schema import (
     cluster_gpu_hourly_stats,
     gpu_allocation_snapshots,
@@ -32,22 +37,18 @@ from lens_pipeline.store.schema import (
     workload_gpu_hourly_stats,
 )
 
-if TYPE_CHECKING:
-    from lens_pipeline.api.app import _Routes
-
 Row = dict[str, Any]
 PREFIX = "/v1/gpu-aggregation"
 MAX_RANGE = timedelta(days=366)
 MAX_SNAPSHOT_RANGE = timedelta(days=7)
 DEFAULT_PAGE_SIZE = 20
-MAX_PAGE_SIZE = 1000
 DIMENSION_TYPES = ("label", "annotation")
 # A label or annotation key: an optional DNS-subdomain prefix and a name (Kubernetes' syntax).
 DIMENSION_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,315}[A-Za-z0-9])?$")
 ORDER = {"time": "stat_hour", "utilization": "avg_utilization", "allocated_gpu_count": "allocated_gpu_count"}
 
 Time = Annotated[str | None, Query(description="RFC 3339, e.g. 2026-11-25T14:00:00Z")]
-PageNumber = Annotated[int, Query(ge=1, le=1_000_000, description="from 1")]
+PageNumber = Annotated[int, Query(ge=1, le=MAX_PAGE_NUM, description="from 1")]
 PageSize = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
 # A snapshot lists every namespace's workloads: at the envelope hundreds of KiB each.
 DEFAULT_SNAPSHOT_PAGE_SIZE, MAX_SNAPSHOT_PAGE_SIZE = 12, 100
@@ -107,7 +108,7 @@ def ordering(order_by: str | None, order_direction: str | None, allowed: Sequenc
 
 def equal_to(filters: Sequence[tuple[Any, str | None, str]]) -> list[ColumnElement[bool]]:
     """`column == value` for each optional filter given (names checked: anything else is a 400)."""
-    return [column == value for column, value, what in filters if _checked(value, what)]
+    return [column == value for column, value, what in filters if checked(value, what)]
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,11 @@ class HoursAsked:
     order_direction: str | None
 
 
-def aggregation_router(ctx: "_Routes") -> APIRouter:
+def add_routes(app: FastAPI, ctx: Routes) -> None:
+    app.include_router(aggregation_router(ctx))
+
+
+def aggregation_router(ctx: Routes) -> APIRouter:
     """The routes, sharing the API's database, token check and cluster resolution. (Annotations are
     evaluated as the routes are made: FastAPI reads the closure's dependency from them.)"""
     router = APIRouter(prefix=PREFIX, dependencies=ctx.guarded, tags=["GPU aggregation"])
@@ -138,7 +143,7 @@ def aggregation_router(ctx: "_Routes") -> APIRouter:
     ) -> Response:
         with ctx.engine.connect() as conn:
             total, rows = hourly_rows(conn, table, where, order, page, size)
-            _require_cluster(conn, cluster, total)
+            require_cluster(conn, cluster, total)
         body = {"total": total, "page": page, "page_size": size, "total_pages": math.ceil(total / size)}
         return envelope(body | {"data": [_item(r) for r in rows]})
 

@@ -13,33 +13,50 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from importlib.resources import files
+from typing import Any
 
-import orjson
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lens_pipeline import settings
-from lens_pipeline.api import queries
-from lens_pipeline.api.queries import NODE_ORDER, WORKLOAD_ORDER, Page
+from lens_pipeline.api import aggregation, clusters, nodes, queries, workloads
+from lens_pipeline.api.common import (
+    MAX_PAGE_NUM,
+    MAX_PAGE_SIZE,
+    ApiError,
+    Paging,
+    Routes,
+    checked,
+    envelope,
+    paged,
+    require_cluster,
+    sortable,
+)
+from lens_pipeline.api.prometheus import ClusterPrometheus
+from lens_pipeline.api.queries import NODE_ORDER, WORKLOAD_ORDER
+from lens_pipeline.clusters import Registry, load_registry
 from lens_pipeline.collect.overview import api_overview
-from lens_pipeline.store.db import database_unavailable, get_engine
+from lens_pipeline.store.db import database_unavailable, get_engine, get_read_engine
 from lens_pipeline.store.event_log import Backlog
 from lens_pipeline.store.migrate import ensure_schema
 
 log = logging.getLogger(__name__)
+
+__all__ = ["MAX_PAGE_NUM", "MAX_PAGE_SIZE", "MAX_QUERY_BYTES", "ApiError", "create_app", "envelope"]
 
 STATUS_COLOR = {"Ready": "green", "NotReady": "red", "Unknown": "yellow"}
 WORKLOAD_STATUS_COLOR = {
@@ -51,58 +68,11 @@ WORKLOAD_STATUS_COLOR = {
 }
 NODE_STATUSES = frozenset(STATUS_COLOR)
 WORKLOAD_STATUSES = frozenset(WORKLOAD_STATUS_COLOR)
-MAX_PAGE_SIZE = 1000
-# Pages past this are refused (400), not computed: an offset stays far from any integer limit.
-MAX_PAGE_NUM = 1_000_000
 # A query string longer than this, or with a NUL anywhere (which PostgreSQL text refuses and SQLite
 # would compare oddly), is a 400 before any route sees it.
 MAX_QUERY_BYTES = 8192
-# Kubernetes names, kinds and UIDs: anything else in those parameters is a 400.
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def envelope(data: Any, status: int = 200, message: str = "OK") -> Response:
-    code = 2000 if status == 200 else status * 10
-    body = orjson.dumps({"meta": {"code": code, "message": message}, "data": data, "tracing": None})
-    return Response(body, status_code=status, media_type="application/json")
-
-
-def paged(rows: list[Any], total: int) -> Response:
-    return envelope({"data": rows, "total": total})
-
-
-def page(
-    page_num: Annotated[int, Query(ge=1, le=MAX_PAGE_NUM)] = 1,
-    page_size: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 10,
-) -> Page:
-    return Page(page_num, page_size)
-
-
-Paging = Annotated[Page, Depends(page)]
-
-
-def _require_cluster(conn: Connection, cluster: str, total: int) -> None:
-    """An empty answer is a 404 when the database knows nothing of the cluster."""
-    if not total and not queries.cluster_exists(conn, cluster):
-        raise ApiError(404, f"cluster {cluster!r} not found")
-
-
-def _sortable(order_by: str | None, allowed: Mapping[str, Any]) -> None:
-    """Sorting only through allow-listed columns: anything else is a 400, never SQL."""
-    if order_by is not None and order_by not in allowed:
-        raise ApiError(400, f"cannot order by {order_by[:40]!r}; one of {', '.join(allowed)}")
-
-
-def _checked(value: str | None, what: str) -> str | None:
-    if value is not None and value != "" and not NAME.fullmatch(value):
-        raise ApiError(400, f"invalid {what} {value[:80]!r}")
-    return value or None
+# Swagger UI's script and style, served by the API itself: /docs works with no internet.
+SWAGGER_ASSETS = files("fastapi_offline") / "static"
 
 
 class QueryGuard:
@@ -133,32 +103,39 @@ class QueryGuard:
         await self.app(scope, receive, send)
 
 
-@dataclass(frozen=True)
-class _Routes:
-    """What every route of one app shares: the database, the token check, the cluster resolution."""
+def create_app(
+    engine: Engine,
+    *,
+    token: str | None = None,
+    default_cluster: str | None = None,
+    registry: Callable[[], Registry] | None = None,
+) -> FastAPI:
+    """The API over `engine`'s Lens database; `registry` loads the cluster registry, whose
+    Prometheus URLs the routes of series finer than an hour ask (none: those routes answer 503)."""
+    overview = queries.OverviewCopy(engine, queries.OverviewReader(engine))
 
-    engine: Engine
-    authorize: Callable[[Request], Awaitable[None]]
-    resolve: Callable[[str | None], str]
-    cached_overview: Callable[[str], Any]
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        overview.start()
+        yield
+        overview.close()
 
-    @property
-    def guarded(self) -> list[Any]:
-        return [Depends(self.authorize)]
-
-
-def create_app(engine: Engine, *, token: str | None = None, default_cluster: str | None = None) -> FastAPI:
-    """The API over `engine`'s Lens database."""
     app = FastAPI(
         title="lens-pipeline read API",
         version="1",
         description=__doc__,
         default_response_class=Response,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
     )
     metrics = CollectorRegistry()
     requests = Counter("lens_api_requests_total", "API requests", ("route", "code"), registry=metrics)
     errors = Counter(
         "lens_api_database_errors_total", "Database unavailable: requests answered 503", registry=metrics
+    )
+    prometheus_errors = Counter(
+        "lens_api_prometheus_errors_total", "Prometheus queries that failed, answered 503", registry=metrics
     )
     latency = Histogram(
         "lens_api_request_duration_seconds",
@@ -169,6 +146,7 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
     )
     metrics.register(_FleetCollector(engine))
     app.add_middleware(QueryGuard)
+    _offline_docs(app)
 
     # Several tokens, comma-separated, are all accepted: a rotation adds the new one, moves the
     # clients, then drops the old one (docs/OPERATIONS.md).
@@ -186,7 +164,7 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
 
     def resolve(cluster: str | None) -> str:
         """`cluster`, else the configured default, else the only cluster there is."""
-        cluster = _checked(cluster, "cluster") or default_cluster
+        cluster = checked(cluster, "cluster") or default_cluster
         if cluster is not None:
             return cluster
         with engine.connect() as conn:
@@ -195,22 +173,51 @@ def create_app(engine: Engine, *, token: str | None = None, default_cluster: str
             return known[0]
         raise ApiError(400, f"query parameter cluster is required ({len(known)} clusters are known)")
 
-    ctx = _Routes(engine, authorize, resolve, queries.OverviewReader(engine))
+    prometheus_latency = Histogram(
+        "lens_api_prometheus_query_seconds",
+        "Time each Prometheus query of the series routes took (request and parsing of the answer)",
+        registry=metrics,
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+    )
+    prometheus = ClusterPrometheus(registry, prometheus_errors, prometheus_latency)
+    ctx = Routes(engine, authorize, resolve, overview, prometheus)
     _error_handlers(app, errors)
     _cluster_routes(app, ctx, metrics)
+    # Before `/v1/nodes/{name}` and `/v1/workloads/{uid}`: `gpuAllocation`, `statistic`... are
+    # routes, not names (Kubernetes names are lower case, UIDs are UUIDs).
+    for module in (clusters, nodes, workloads, aggregation):
+        module.add_routes(app, ctx)
     _node_routes(app, ctx)
     _workload_routes(app, ctx)
-    app.include_router(_aggregation_router(ctx))
     app.add_middleware(_Instrumented, requests=requests, latency=latency)
     return app
 
 
-def _aggregation_router(ctx: _Routes) -> Any:
-    # `/v1/gpu-aggregation/*` (api/aggregation.py) uses this module's envelope and errors: imported
-    # once this module is whole.
-    from lens_pipeline.api.aggregation import aggregation_router
+def _offline_docs(app: FastAPI) -> None:
+    """`/docs` (Swagger UI) and `/redoc` from files the API serves itself (a package's copy), no CDN."""
+    app.mount("/docs-assets", StaticFiles(directory=str(SWAGGER_ASSETS)), name="docs-assets")
 
-    return aggregation_router(ctx)
+    @app.get("/docs", include_in_schema=False)
+    async def docs(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{root}/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}/docs-assets/swagger-ui.css",
+            swagger_favicon_url=f"{root}/docs-assets/favicon.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}{app.openapi_url}",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{root}/docs-assets/redoc.standalone.js",
+            redoc_favicon_url=f"{root}/docs-assets/favicon.png",
+            with_google_fonts=False,
+        )
 
 
 def _error_handlers(app: FastAPI, errors: Counter) -> None:
@@ -240,7 +247,7 @@ def _error_handlers(app: FastAPI, errors: Counter) -> None:
         return envelope(None, 500, f"internal error: {type(exc).__name__}")
 
 
-def _cluster_routes(app: FastAPI, ctx: _Routes, metrics: CollectorRegistry) -> None:
+def _cluster_routes(app: FastAPI, ctx: Routes, metrics: CollectorRegistry) -> None:
     @app.get("/healthz", summary="Liveness and database reachability")
     def healthz() -> Response:
         with ctx.engine.connect() as conn:
@@ -264,20 +271,14 @@ def _cluster_routes(app: FastAPI, ctx: _Routes, metrics: CollectorRegistry) -> N
         # The hot path: no dependency solving, no thread hop, one indexed read (microseconds).
         await ctx.authorize(request)
         name = ctx.resolve(request.query_params.get("cluster"))
-        row = ctx.cached_overview(name)
-        if row is None:
-            with ctx.engine.connect() as conn:
-                row = queries.live_overview(conn, name)
-        if row is None:
-            raise ApiError(404, f"cluster {name!r} not found")
-        return envelope(api_overview(row))
+        return envelope(api_overview(ctx.overview_row(name)))
 
     @app.get("/v1/clusters/consumers", dependencies=ctx.guarded, summary="Running top-level GPU consumers")
     def consumers(paging: Paging, cluster: str | None = None) -> Response:
         name = ctx.resolve(cluster)
         with ctx.engine.connect() as conn:
             rows, total = queries.consumers(conn, name, paging)
-            _require_cluster(conn, name, total)
+            require_cluster(conn, name, total)
         return paged(
             [
                 {
@@ -297,7 +298,7 @@ def _cluster_routes(app: FastAPI, ctx: _Routes, metrics: CollectorRegistry) -> N
         )
 
 
-def _node_routes(app: FastAPI, ctx: _Routes) -> None:
+def _node_routes(app: FastAPI, ctx: Routes) -> None:
     @app.get("/v1/nodes", dependencies=ctx.guarded, summary="GPU nodes, filtered, sorted and paged")
     def nodes(
         paging: Paging,
@@ -311,7 +312,7 @@ def _node_routes(app: FastAPI, ctx: _Routes) -> None:
         statuses = [s.strip() for s in (status or "").split(",") if s.strip()]
         if bad := [s for s in statuses if s not in NODE_STATUSES]:
             raise ApiError(400, f"unknown status {bad[0][:40]!r}; one of {', '.join(sorted(NODE_STATUSES))}")
-        _sortable(order_by, NODE_ORDER)
+        sortable(order_by, NODE_ORDER)
         name_ = ctx.resolve(cluster)
         with ctx.engine.connect() as conn:
             rows, total = queries.nodes(
@@ -324,7 +325,7 @@ def _node_routes(app: FastAPI, ctx: _Routes) -> None:
                 order_by=order_by,
                 descending=desc,
             )
-            _require_cluster(conn, name_, total)
+            require_cluster(conn, name_, total)
         return paged(
             [
                 {
@@ -342,18 +343,9 @@ def _node_routes(app: FastAPI, ctx: _Routes) -> None:
             total,
         )
 
-    def _node(cluster: str | None, name: str) -> tuple[str, dict]:
-        _checked(name, "node name")
-        cluster_name = ctx.resolve(cluster)
-        with ctx.engine.connect() as conn:
-            row = queries.node_row(conn, cluster_name, name)
-        if row is None:
-            raise ApiError(404, f"node {name!r} not found in cluster {cluster_name!r}")
-        return cluster_name, row
-
     @app.get("/v1/nodes/{name}", dependencies=ctx.guarded, summary="One node's details")
     def node_detail(name: str, cluster: str | None = None) -> Response:
-        _, row = _node(cluster, name)
+        _, row = ctx.node(cluster, name)
         return envelope(
             {
                 "name": row["name"],
@@ -370,7 +362,7 @@ def _node_routes(app: FastAPI, ctx: _Routes) -> None:
 
     @app.get("/v1/nodes/{name}/gpuDevices", dependencies=ctx.guarded, summary="A node's GPUs by index")
     def node_gpus(name: str, cluster: str | None = None) -> Response:
-        cluster_name, _ = _node(cluster, name)
+        cluster_name, _ = ctx.node(cluster, name)
         with ctx.engine.connect() as conn:
             devices = queries.gpu_devices(conn, cluster_name, name)
         return envelope(
@@ -389,7 +381,7 @@ def _node_routes(app: FastAPI, ctx: _Routes) -> None:
         )
 
 
-def _workload_routes(app: FastAPI, ctx: _Routes) -> None:
+def _workload_routes(app: FastAPI, ctx: Routes) -> None:
     @app.get("/v1/workloads", dependencies=ctx.guarded, summary="Top-level workloads with GPU statistics")
     def workloads(
         paging: Paging,
@@ -401,13 +393,13 @@ def _workload_routes(app: FastAPI, ctx: _Routes) -> None:
         order_by: str | None = None,
         order: str | None = None,
     ) -> Response:
-        _checked(kind, "kind")
-        _checked(namespace, "namespace")
+        checked(kind, "kind")
+        checked(namespace, "namespace")
         if status is not None and status not in WORKLOAD_STATUSES:
             raise ApiError(
                 400, f"unknown status {status[:40]!r}; one of {', '.join(sorted(WORKLOAD_STATUSES))}"
             )
-        _sortable(order_by, WORKLOAD_ORDER)
+        sortable(order_by, WORKLOAD_ORDER)
         if order is not None and order.lower() not in ("asc", "desc"):
             raise ApiError(400, "order is asc or desc")
         # As the original: newest first unless asked otherwise.
@@ -425,22 +417,13 @@ def _workload_routes(app: FastAPI, ctx: _Routes) -> None:
                 order_by=order_by,
                 descending=descending,
             )
-            _require_cluster(conn, cluster_name, total)
+            require_cluster(conn, cluster_name, total)
             allocation = queries.gpu_allocation(conn, cluster_name, [r["uid"] for r in rows])
         return paged([_workload_item(r, allocation[r["uid"]]) for r in rows], total)
 
-    def _workload(cluster: str | None, uid: str) -> tuple[str, dict]:
-        _checked(uid, "uid")
-        cluster_name = ctx.resolve(cluster)
-        with ctx.engine.connect() as conn:
-            row = queries.workload_row(conn, cluster_name, uid)
-        if row is None:
-            raise ApiError(404, f"workload {uid!r} not found in cluster {cluster_name!r}")
-        return cluster_name, row
-
     @app.get("/v1/workloads/{uid}", dependencies=ctx.guarded, summary="One workload and its pods")
     def workload_detail(uid: str, cluster: str | None = None) -> Response:
-        cluster_name, row = _workload(cluster, uid)
+        cluster_name, row = ctx.workload(cluster, uid)
         with ctx.engine.connect() as conn:
             pods = queries.workload_pods(conn, cluster_name, uid)
             allocation = queries.gpu_allocation(conn, cluster_name, [uid])[uid]
@@ -468,7 +451,7 @@ def _workload_routes(app: FastAPI, ctx: _Routes) -> None:
         "/v1/workloads/{uid}/hierarchy", dependencies=ctx.guarded, summary="A workload's tree of children"
     )
     def workload_hierarchy(uid: str, cluster: str | None = None) -> Response:
-        cluster_name, _ = _workload(cluster, uid)
+        cluster_name, _ = ctx.workload(cluster, uid)
         with ctx.engine.connect() as conn:
             tree = queries.workload_tree(conn, cluster_name, uid)
         return envelope(tree)
@@ -632,11 +615,14 @@ def _ingest_lag(waiting: list[Backlog]) -> Iterator[GaugeMetricFamily]:
 
 
 def app_from_environment() -> FastAPI:
-    """The app `lens api` serves: the Lens database, token and default cluster from the environment."""
-    engine = get_engine(settings.lens_database_url())
-    ensure_schema(engine, "lens")
+    """The app `lens api` serves: the Lens database, token, default cluster and cluster registry
+    (`LENS_CLUSTERS_FILE`, for the clusters' Prometheus) from the environment."""
+    ensure_schema(get_engine(settings.lens_database_url()), "lens")
+    engine = get_read_engine(settings.lens_database_url())
+    registry_file = settings.clusters_file()
     return create_app(
         engine,
         token=os.environ.get(settings.LENS_API_TOKEN) or None,
         default_cluster=os.environ.get(settings.LENS_API_DEFAULT_CLUSTER) or None,
+        registry=(lambda: load_registry(registry_file)) if registry_file else None,
     )

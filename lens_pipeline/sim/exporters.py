@@ -1,6 +1,7 @@
 """What the simulated exporters expose, one scrape target per node and exporter, as a real Prometheus
 would scrape them: the GPU exporter (AMD device-metrics-exporter or NVIDIA dcgm-exporter),
-node_exporter's infiniband collector, and the JuiceFS clients (one target per cluster).
+node_exporter (its infiniband, cpu and meminfo collectors), and the JuiceFS clients (one target per
+cluster).
 
 The figures are derived from the cluster's state by this module only; `/api/v1/query` and
 `/metrics` both read them from here, so the simulator's own answers and a real Prometheus
@@ -111,6 +112,20 @@ NIC_FAMILIES = {
         "Number of data octets transmitted on all links",
     ),
 }
+HOST_FAMILIES = {
+    "node_cpu_seconds_total": Family(
+        "node_cpu_seconds_total", "counter", "Seconds the CPUs spent in each mode."
+    ),
+    "node_memory_MemAvailable_bytes": Family(
+        "node_memory_MemAvailable_bytes", "gauge", "Memory information field MemAvailable_bytes."
+    ),
+    "node_memory_MemTotal_bytes": Family(
+        "node_memory_MemTotal_bytes", "gauge", "Memory information field MemTotal_bytes."
+    ),
+}
+# node_exporter's CPU series of a simulated node: a few CPUs are enough for a mean.
+HOST_CPUS = 2
+HOST_MEMORY_BYTES = float(2 << 40)  # 2 TiB, a GPU server's
 JUICEFS_FAMILIES = {
     "juicefs_used_space": Family("juicefs_used_space", "gauge", "Total used space in bytes."),
     "juicefs_total_space": Family("juicefs_total_space", "gauge", "Total space in bytes."),
@@ -138,6 +153,7 @@ COUNTERS = frozenset(
     {
         "node_infiniband_port_data_received_bytes_total",
         "node_infiniband_port_data_transmitted_bytes_total",
+        "node_cpu_seconds_total",
         *(
             f"{h}{suffix}"
             for h in ("juicefs_fuse_read_size_bytes", "juicefs_fuse_written_size_bytes")
@@ -146,6 +162,13 @@ COUNTERS = frozenset(
     }
 )
 COUNTING_JOBS = frozenset({NODE_EXPORTER_JOB, JUICEFS_JOB})
+# What a counter counts in: bytes are whole, CPU seconds in hundredths (the kernel's USER_HZ).
+_COUNTER_UNIT = {"node_cpu_seconds_total": 0.01}
+
+
+def _count(metric: str, rate: float, seconds: float) -> float:
+    unit = _COUNTER_UNIT.get(metric, 1.0)
+    return round(int(rate * seconds / unit) * unit, 2)
 
 
 def scrape(
@@ -162,7 +185,7 @@ def scrape(
     seconds = (cluster.now() if at is None else at) - _COUNTER_EPOCH
     return {
         target: [
-            (m, labels, float(int(v * seconds)) if m in COUNTERS else v)
+            (m, labels, _count(m, v, seconds) if m in COUNTERS else v)
             for m, labels, v in samples
             if metrics is None or m in metrics
         ]
@@ -205,7 +228,7 @@ def _build(cluster: SimCluster, at: float | None = None) -> dict[Target, list[Sa
             )
         if cluster.exporter_running(node, NODE_EXPORTER_JOB):
             nic_target = Target(NODE_EXPORTER_JOB, node, f"{address}:{NODE_EXPORTER_PORT}")
-            targets[nic_target] = _nic_samples(nics.get(node, []))
+            targets[nic_target] = _nic_samples(nics.get(node, [])) + _host_samples(cluster.name, node)
     targets[Target(JUICEFS_JOB, "", f"juicefs-csi-node:{JUICEFS_PORT}")] = _juicefs_samples(cluster)
     targets.update(cluster.injected_series())
     return targets
@@ -330,6 +353,26 @@ def pod_gpus(cluster: SimCluster, at: float) -> tuple[dict[tuple[str, str], list
     return pods, reported
 
 
+def host_load(cluster: str, node: str) -> tuple[float, float]:
+    """(busy share of the node's CPUs, share of its memory in use), steady: what node_exporter's
+    counters and gauges say, and so the truth of a node's CPU and memory utilization."""
+    return 0.05 + 0.85 * _stable_fraction(cluster, node, "cpu"), 0.1 + 0.7 * _stable_fraction(
+        cluster, node, "mem"
+    )
+
+
+def _host_samples(cluster: str, node: str) -> list[Sample]:
+    """node_exporter's CPU counters (their rates: seconds per second in each mode) and meminfo."""
+    busy, used = host_load(cluster, node)
+    samples: list[Sample] = []
+    for cpu in range(HOST_CPUS):
+        for mode, rate in (("idle", 1.0 - busy), ("user", 0.8 * busy), ("system", 0.2 * busy)):
+            samples.append(("node_cpu_seconds_total", {"cpu": str(cpu), "mode": mode}, rate))
+    samples.append(("node_memory_MemTotal_bytes", {}, HOST_MEMORY_BYTES))
+    samples.append(("node_memory_MemAvailable_bytes", {}, HOST_MEMORY_BYTES * (1.0 - used)))
+    return samples
+
+
 def nic_traffic(nic: SimNic) -> tuple[float, float]:
     """(received, transmitted) bytes per second of a NIC: steady, so a counter's rate is known."""
     share = 0.05 + 0.4 * _stable_fraction(nic.node_guid)
@@ -418,7 +461,7 @@ def families(vendor: SimVendor, prefix: str = "") -> dict[str, Family]:
     gpu.update(AMD_FAMILIES if vendor is AMD else NVIDIA_FAMILIES)
     if vendor is AMD and prefix:
         gpu = {f"{prefix}{k}": Family(f"{prefix}{f.name}", f.type, f.help) for k, f in gpu.items()}
-    return {**gpu, **NIC_FAMILIES, **JUICEFS_FAMILIES}
+    return {**gpu, **NIC_FAMILIES, **HOST_FAMILIES, **JUICEFS_FAMILIES}
 
 
 def device_truth(cluster: SimCluster) -> tuple[list[dict], list[dict]]:

@@ -1,7 +1,7 @@
 """A tiny PromQL evaluator over instant samples: vector selectors with `=`, `!=`, `=~`, `!~` matchers,
-`sum|avg|max|min|count` aggregations with `by`/`without`, `rate`/`irate` of a range selector,
-comparisons with a number as filters, `label_replace` and `or`: enough for the queries the pipeline
-makes.
+`sum|avg|max|min|count` aggregations with `by`/`without`, `topk`/`bottomk`, `rate`/`irate`
+of a range selector, comparisons with a number as filters, `label_replace` and `or`: enough
+for the queries the pipeline makes.
 
 The simulator keeps no history: counters grow at a steady rate, so `rate(x[d])` is that rate
 whatever `d` is. Callers pass the per-second rates of counters beside the instant samples."""
@@ -19,6 +19,7 @@ Labels = dict[str, str]
 Series = tuple[Labels, float]
 
 AGGREGATIONS = ("sum", "avg", "max", "min", "count")
+SELECTIONS = ("topk", "bottomk")
 RATE_FUNCTIONS = ("rate", "irate")
 COMPARISONS = {
     "<": lambda a, b: a < b,
@@ -179,7 +180,26 @@ class Aggregation:
         ]
 
 
-Expr = Selector | Aggregation | Rate | Comparison | LabelReplace | Union
+@dataclass(frozen=True)
+class TopK:
+    """`topk(k, expr)` / `bottomk(k, expr)`: the k samples of highest (lowest) value, labels kept;
+    NaN sorts last either way, as in Prometheus."""
+
+    k: int
+    largest: bool
+    inner: Expr
+
+    def evaluate(self, series: Iterable[Series], rates: Iterable[Series] = ()) -> list[Series]:
+        samples = self.inner.evaluate(series, rates)
+        sign = -1.0 if self.largest else 1.0
+        ordered = sorted(
+            samples,
+            key=lambda item: (math.isnan(item[1]), sign * item[1] if not math.isnan(item[1]) else 0.0),
+        )
+        return ordered[: max(self.k, 0)]
+
+
+Expr = Selector | Aggregation | Rate | Comparison | LabelReplace | Union | TopK
 
 
 def _aggregate(op: str, values: Sequence[float]) -> float:
@@ -296,6 +316,18 @@ class _Parser:
             return Rate(selector)
         if token == ("ident", "label_replace") and self.peek(1) == ("punct", "("):
             return self.label_replace()
+        if (
+            token is not None
+            and token[0] == "ident"
+            and token[1] in SELECTIONS
+            and self.peek(1) == ("punct", "(")
+        ):
+            self.position += 2
+            k = int(float(self.take("number")))
+            self.take("punct", ",")
+            inner = self.expr()
+            self.take("punct", ")")
+            return TopK(k, token[1] == "topk", inner)
         if token is not None and token[0] == "ident" and token[1] in AGGREGATIONS:
             following = self.peek(1)
             if following is not None and (following[1] == "(" or following[1] in ("by", "without")):
@@ -378,7 +410,7 @@ def metric_names(expr: Expr) -> frozenset[str] | None:
     if isinstance(expr, Union):
         left, right = metric_names(expr.left), metric_names(expr.right)
         return None if left is None or right is None else left | right
-    if isinstance(expr, (Aggregation, Comparison, LabelReplace)):
+    if isinstance(expr, (Aggregation, Comparison, LabelReplace, TopK)):
         return metric_names(expr.inner)
     selector = expr.selector if isinstance(expr, Rate) else expr
     names = [m.value for m in selector.matchers if m.label == "__name__" and m.op == "="]

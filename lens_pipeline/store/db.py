@@ -3,7 +3,9 @@
 SQLite is the embedded default; runs for several clusters write to it at the same time, so it
 runs in WAL mode with a busy timeout, and write transactions take the write lock up front
 (`BEGIN IMMEDIATE`): a deferred transaction that upgrades to writing can fail at once with
-SQLITE_BUSY instead of waiting.
+SQLITE_BUSY instead of waiting. A process that only reads (`lens api`) takes `get_read_engine`:
+its transactions begin deferred, so that its readers run side by side under WAL instead of taking
+the write lock one after the other.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from lens_pipeline.store.write_behind import write_behind
 
-_ENGINES: dict[str, Engine] = {}
+_ENGINES: dict[tuple[str, bool], Engine] = {}
 
 # A NUL escape in JSON text: `\u0000` whose backslash is not itself escaped (an even number of
 # backslashes before it; after an odd number it is the text "\u0000" written out).
@@ -89,11 +91,22 @@ def with_installed_driver(url: str) -> str:
 
 def get_engine(url: str) -> Engine:
     """One engine per URL per process (engines own connection pools)."""
+    return _engine(url, reading=False)
+
+
+def get_read_engine(url: str) -> Engine:
+    """`get_engine` for a process that reads: the same on PostgreSQL and MariaDB; on SQLite its
+    transactions begin deferred (readers in parallel, no write lock held by a read)."""
+    return _engine(url, reading=True)
+
+
+def _engine(url: str, *, reading: bool) -> Engine:
     url = with_installed_driver(url)
+    reading = reading and make_url(url).get_backend_name() == "sqlite"
     with _LOCK:
-        engine = _ENGINES.get(url)
+        engine = _ENGINES.get((url, reading))
         if engine is None:
-            engine = _ENGINES[url] = _create(url)
+            engine = _ENGINES[(url, reading)] = _create(url, reading=reading)
         return engine
 
 
@@ -104,7 +117,7 @@ def dispose_engines() -> None:
         _ENGINES.clear()
 
 
-def _create(url: str) -> Engine:
+def _create(url: str, *, reading: bool = False) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
@@ -116,7 +129,7 @@ def _create(url: str) -> Engine:
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
             **JSON_CODEC,
         )
-        _make_sqlite_transactions_immediate(engine)
+        _configure_sqlite(engine, begin="BEGIN" if reading else "BEGIN IMMEDIATE")
         return engine
     if parsed.get_backend_name() == "mysql":
         # utf8mb4 so that any Kubernetes label survives; pre-ping because MySQL drops idle links.
@@ -126,7 +139,7 @@ def _create(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, **JSON_CODEC)
 
 
-def _make_sqlite_transactions_immediate(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, begin: str) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
         # Let SQLAlchemy, not the driver, say when a transaction begins.
@@ -139,7 +152,7 @@ def _make_sqlite_transactions_immediate(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        connection.exec_driver_sql(begin)
 
 
 @contextmanager
@@ -214,3 +227,19 @@ class _Checkpointer:
 
 
 _checkpointer = _Checkpointer()
+
+
+# Rows ANALYZE reads per index on SQLite: estimates good enough to choose an index, in milliseconds.
+SQLITE_ANALYSIS_LIMIT = 1000
+
+
+def refresh_planner_statistics(engine: Engine) -> None:
+    """On SQLite, what its query planner knows of the tables' sizes (`ANALYZE`, sampled): without
+    it SQLite guesses, and at 150,000 pods picks the wrong index of `gpu_workload`. PostgreSQL and
+    MariaDB keep their statistics themselves (autovacuum, InnoDB's persistent statistics)."""
+    if engine.dialect.name != "sqlite":
+        return
+    with engine.connect() as connection:
+        connection.exec_driver_sql(f"PRAGMA analysis_limit={SQLITE_ANALYSIS_LIMIT}")
+        connection.exec_driver_sql("ANALYZE")
+        connection.commit()

@@ -163,6 +163,13 @@ gpu_workload = Table(
     Column("labels", JSONDocument),
     Column("annotations", JSONDocument),
     UniqueConstraint("cluster_name", "uid"),
+    # The read API's lists: newest first, the top-level ones (and their kinds), by status, by
+    # namespace, by kind and name (migration 0009).
+    Index("ix_gpu_workload_created", "cluster_name", "created_at"),
+    Index("ix_gpu_workload_top", "cluster_name", "parent_uid", "kind"),
+    Index("ix_gpu_workload_status", "cluster_name", "status", "parent_uid"),
+    Index("ix_gpu_workload_namespace", "cluster_name", "namespace"),
+    Index("ix_gpu_workload_kind_name", "cluster_name", "kind", "name"),
 )
 
 # §1.6
@@ -264,6 +271,7 @@ workload_pod_reference = Table(
     Column("pod_uid", String(128), nullable=False),
     Column("created_at", UTCDateTime()),
     UniqueConstraint("cluster_name", "workload_uid", "pod_uid"),
+    Index("ix_workload_pod_reference_pod", "cluster_name", "pod_uid", "workload_uid"),
 )
 
 # §1.12

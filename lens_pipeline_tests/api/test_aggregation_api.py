@@ -18,7 +18,7 @@ from lens_pipeline.collect.statistics import PodSeries
 from lens_pipeline.store.db import get_engine, write_transaction
 from lens_pipeline.store.hourly import replace_hour_tables
 from lens_pipeline.store.migrate import ensure_schema
-from lens_pipeline.store.schema import node
+from lens_pipeline.store.schema import gpu_workload, node
 from lens_pipeline_tests.api.test_api import TOKEN, Api, _free_port
 from lens_pipeline_tests.conftest import _server_database
 
@@ -76,6 +76,11 @@ def api(request, tmp_path_factory) -> Iterator[Api]:
         conn.execute(
             node.insert().values(
                 cluster_name=CLUSTER, name="n1", gpu_count=16, created_at=now, updated_at=now
+            )
+        )
+        conn.execute(
+            gpu_workload.insert().values(
+                cluster_name=CLUSTER, uid="w1", kind="PyTorchJob", namespace="ml", name="train", parent_uid=""
             )
         )
         for index in range(HOURS):
@@ -138,6 +143,24 @@ def test_hours_paged_sorted_and_listed(api):
     assert api.get(f"{A}/dimension-keys", **DAY, dimension_type="label")[1]["data"] == ["app", "env", "team"]
     values = api.get(f"{A}/dimension-values", **DAY, dimension_type="label", dimension_key="team")[1]["data"]
     assert values == ["nlp", "search"]
+
+
+def test_a_workloads_hourly_utilization_route_reads_the_hours_the_history_wrote(api):
+    """`/v1/workloads/gpuUtilizationHistory` at steps of an hour or more reads this table."""
+    day = {"start": int(START.timestamp()), "end": int(START.timestamp()) + (HOURS - 1) * 3600}
+    status, body = api.get(
+        "/v1/workloads/gpuUtilizationHistory",
+        cluster=CLUSTER,
+        kind="PyTorchJob",
+        name="train",
+        step=3600,
+        **day,
+    )
+    assert status == 200, body
+    (series,) = body["data"]["series"]
+    assert [(p["timestamp"], p["value"]) for p in series["values"]] == [
+        (day["start"] + i * 3600, pytest.approx(20.0 + i)) for i in range(HOURS)
+    ]
 
 
 def test_snapshots(api):

@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import redirect_stderr
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -49,6 +50,7 @@ from lens_pipeline.api.app import (
     create_app,
 )
 from lens_pipeline.api.queries import NODE_ORDER, WORKLOAD_ORDER
+from lens_pipeline.clusters import load_registry
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_registry
@@ -277,24 +279,26 @@ class Figures:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def filled(request, tmp_path_factory) -> Iterator[tuple[str, str]]:
-    """(dialect, Lens URL): two simulated clusters collected once, as test_api.py does."""
+def filled(request, tmp_path_factory) -> Iterator[tuple[str, str, Path]]:
+    """(dialect, Lens URL, registry): two simulated clusters collected once, as test_api.py does,
+    their Prometheus still answering (the routes of series ask it)."""
     tmp = tmp_path_factory.mktemp("hostile")
     database = _server_database("postgresql", "hostile") if request.param == "postgresql" else None
     lens_url = next(database) if database is not None else f"sqlite:///{tmp}/lens.db"
     fleet = SimFleet.generate(clusters=2, nodes=8, seed=11, vendor="mixed")
     log = io.StringIO()  # Dagster's run log, shown only if the fill fails: `-s` shows the figures
     try:
-        try:
-            with redirect_stderr(log), SimServer(fleet) as server, instance_for_test() as instance:
-                instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [c.name for c in fleet])
-                registry = write_registry(tmp / "clusters.yaml", server)
-                for cluster in fleet:
-                    run_cluster(cluster.name, registry, lens_url, f"sqlite:///{tmp}/safe.db", instance)
-        except BaseException:
-            sys.stderr.write(log.getvalue())
-            raise
-        yield request.param, lens_url
+        with SimServer(fleet) as server:
+            registry = write_registry(tmp / "clusters.yaml", server)
+            try:
+                with redirect_stderr(log), instance_for_test() as instance:
+                    instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [c.name for c in fleet])
+                    for cluster in fleet:
+                        run_cluster(cluster.name, registry, lens_url, f"sqlite:///{tmp}/safe.db", instance)
+            except BaseException:
+                sys.stderr.write(log.getvalue())
+                raise
+            yield request.param, lens_url, registry
     finally:
         if database is not None:
             database.close()
@@ -309,6 +313,7 @@ def row_counts(engine: Engine) -> dict[str, int]:
 
 def real_values(engine: Engine) -> dict[str, list[str]]:
     """Valid values of every parameter, from the database the API reads."""
+    now = int(time.time())
     with engine.connect() as conn:
         nodes = [
             dict(r)
@@ -337,6 +342,10 @@ def real_values(engine: Engine) -> dict[str, list[str]]:
         "page_size": ["1", "5", "10", str(MAX_PAGE_SIZE)],
         "kind": sorted({w["kind"] for w in workloads}),
         "namespace": sorted({w["namespace"] for w in workloads}),
+        # History routes: the last hour or day, at Prometheus' own steps and the hourly tables'.
+        "start": [str(now - 3600), str(now - 86_400), str(now - 600)],
+        "end": [str(now), str(now - 60)],
+        "step": ["60", "300", "3600", "15"],
     }
 
 
@@ -556,15 +565,15 @@ def problems(sent: Sent, guarded: list, public: list) -> list[str]:
 
 
 def test_hostile_requests_never_5xx_never_leak_never_write(filled):
-    dialect, lens_url = filled
+    dialect, lens_url, registry = filled
     engine = get_engine(lens_url)
     before = row_counts(engine)
     real = real_values(engine)
-    app = create_app(engine, token=TOKEN)
+    app = create_app(engine, token=TOKEN, registry=lambda: load_registry(registry))
     routes = route_table(app)
     guarded = [route for path, *_, route in routes if path.startswith("/v1/")]
     public = [route for path, *_, route in routes if not path.startswith("/v1/")]
-    assert len(guarded) == 8 and len(public) >= 6, [path for path, *_ in routes]
+    assert len(guarded) == 23 and len(public) >= 5, [path for path, *_ in routes]
     figures = Figures(dialect, SEED)
     generator = Generator(SEED, routes, real, figures)
     failures: list[str] = []

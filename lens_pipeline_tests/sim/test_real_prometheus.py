@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 from dagster import instance_for_test
+from fastapi.testclient import TestClient
 
+from lens_pipeline.api.app import create_app
+from lens_pipeline.clusters import load_registry
 from lens_pipeline.collect.overview import OVERVIEW_FIGURES
 from lens_pipeline.defs import resources
 from lens_pipeline.defs.resources import (
@@ -35,6 +38,7 @@ from lens_pipeline.sim.exporters import scrape
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import prometheus_config, write_registry
 from lens_pipeline.sim.server import SimServer
+from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.schema import cluster_overview_cache, gpu_device, workload_statistic
 from lens_pipeline.vendors import Dialect, ExporterOverrides, learn_dialect
 from lens_pipeline_tests.conftest import skip_unless
@@ -427,3 +431,74 @@ def test_after_an_exporter_upgrade_the_names_in_use_now_win_on_a_real_prometheus
         assert (by_names[0].util_metric, by_names[1].node_label) == ("gpu_gfx_activity", "Hostname")
 
         assert_collectors_store_the_truth(fleet, server, urls, tmp_path)
+
+
+def test_the_read_api_on_a_real_prometheus_answers_as_on_the_simulators(scraped, tmp_path):
+    """The read API's series routes (`topk`, `irate` of node_exporter's CPU counters, counts of the
+    GPUs a pod holds, by node whatever label names it) give a real Prometheus's answers what they
+    give the simulator's: the same nodes, GPUs and figures."""
+    fleet, server, urls, _ = scraped
+    real_registry = registry_on_real_prometheus(tmp_path, server, urls)
+    sim_registry = write_registry(tmp_path / "sim-clusters.yaml", server)
+    url = f"sqlite:///{tmp_path / 'lens.db'}"
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("cluster", [c.name for c in fleet])
+        for cluster in fleet:
+            _wait_for_history(urls[cluster.name], 6)  # an irate needs two scrapes in its window
+            result = materialize_cluster(
+                ["gpu_nodes", "gpu_pods", "gpu_workloads"],
+                partition_key=cluster.name,
+                instance=instance,
+                resources={
+                    **resources.defs.resources,
+                    "registry": ClusterRegistryResource(clusters_file=str(sim_registry)),
+                    "lens_db": LensDatabase(url=url),
+                },
+            )
+            assert result.success
+    engine = get_engine(url)
+    real = TestClient(create_app(engine, registry=lambda: load_registry(real_registry)))
+    simulated = TestClient(create_app(engine, registry=lambda: load_registry(sim_registry)))
+
+    def both(path: str, **params: object) -> tuple[dict, dict]:
+        answers = [c.get(path, params=params) for c in (real, simulated)]
+        assert [a.status_code for a in answers] == [200, 200], [a.text[:300] for a in answers]
+        return answers[0].json()["data"], answers[1].json()["data"]
+
+    def last(graph: dict) -> dict:
+        return {tuple(sorted(s["labels"].items())): s["values"][-1]["value"] for s in graph["series"]}
+
+    for cluster in fleet:
+        name = cluster.name
+        from_real, from_sim = both("/v1/clusters/gpuHeatmap", cluster=name)
+        for key in ("utilization", "power", "temperature"):
+            pick = {(i["node_name"], i["gpu_id"]): i["value"] for i in from_real[key]["Data"]}
+            assert pick == pytest.approx(
+                {(i["node_name"], i["gpu_id"]): i["value"] for i in from_sim[key]["Data"]}
+            )
+            assert pick, key
+        now = int(time.time())
+        window = {"start": now - 4, "end": now, "step": 1, "cluster": name}
+        from_real, from_sim = both("/v1/nodes/gpuUtilizationHistory", **window)
+        for key in ("allocationRate", "utilization", "vramUtilization"):
+            assert from_real[key][-1]["value"] == pytest.approx(from_sim[key][-1]["value"]), key
+        for node in truth(server, name)["nodes"]:
+            if node["status"] != "Ready":
+                continue
+            from_real, from_sim = both(f"/v1/nodes/{node['name']}/utilization", cluster=name)
+            # irate of two scrapes a second apart: the counters are read a few ms after each
+            # scrape's timestamp (more on a busy machine), and count hundredths of a second.
+            assert from_real["cpu_utilization"] == pytest.approx(from_sim["cpu_utilization"], abs=5.0)
+            assert from_real["mem_utilization"] == pytest.approx(from_sim["mem_utilization"])
+            assert from_real["cpu_utilization"] is not None
+            from_real, from_sim = both(f"/v1/nodes/{node['name']}/gpuMetrics", **window)
+            for key in ("gpu_utilization", "gpu_allocation_rate"):
+                assert last(from_real[key]) == pytest.approx(last(from_sim[key])), key
+                assert last(from_real[key]), key
+        running = [
+            w for w in truth(server, name)["workloads"] if w["status"] == "Running" and not w["parent_uid"]
+        ]
+        for workload in running[:3]:
+            from_real, from_sim = both(f"/v1/workloads/{workload['uid']}/metrics", **window)
+            for key in ("GPU Utilization", "GPU Memory Utilization", "GPU Power"):
+                assert last(from_real[key]) == pytest.approx(last(from_sim[key])), key

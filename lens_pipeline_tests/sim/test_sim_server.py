@@ -301,7 +301,7 @@ def test_metrics_endpoint_is_prometheus_text_exposition(served) -> None:
 
 def test_prometheus_errors_are_bad_data(served) -> None:
     _, server, _ = served
-    url = f"{server.prometheus_url('sim-amd-0')}/api/v1/query?query=topk(3%2C%20gpu_gfx_activity)"
+    url = f"{server.prometheus_url('sim-amd-0')}/api/v1/query?query=quantile(0.5%2C%20gpu_gfx_activity)"
     status, body = _http(url)
     assert status == 400
     assert (body["status"], body["errorType"]) == ("error", "bad_data")
@@ -331,6 +331,14 @@ def test_prometheus_errors_are_bad_data(served) -> None:
         ("count(m)", [({}, 3.0)]),
         ("avg by (pod) (m)", [({}, 2.0), ({"pod": "p"}, 10.0)]),
         ('sum(avg by (node) (m{gpu!~"9"}))', [({}, 12.0)]),
+        ("topk(1, avg by (node) (m))", [({"node": "b"}, 10.0)]),
+        (
+            "bottomk(2, m)",
+            [
+                ({"__name__": "m", "node": "a", "gpu": "0"}, 1.0),
+                ({"__name__": "m", "node": "a", "gpu": "1"}, 3.0),
+            ],
+        ),
     ],
 )
 def test_promql_evaluator(query: str, expected: list[tuple[dict[str, str], float]]) -> None:
@@ -389,7 +397,18 @@ def test_promql_rates_and_comparisons(query: str, expected: list[tuple[dict[str,
 
 @pytest.mark.parametrize(
     "query",
-    ["", "{}", 'm{node="a"', "sum by (node)", "m[5m]", "topk(3, m)", 'm{a=~"("}', "rate(m)", "m < n"],
+    [
+        "",
+        "{}",
+        'm{node="a"',
+        "sum by (node)",
+        "m[5m]",
+        "quantile(0.5, m)",
+        "topk(m)",
+        'm{a=~"("}',
+        "rate(m)",
+        "m < n",
+    ],
 )
 def test_promql_rejects_what_it_does_not_support(query: str) -> None:
     with pytest.raises(promql.PromQLError):

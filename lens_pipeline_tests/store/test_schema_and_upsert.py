@@ -389,8 +389,8 @@ def test_migration_gives_sqlite_times_their_fraction_and_drops_twins(tmp_path):
         # one (the same row written twice).
         conn.exec_driver_sql(f"UPDATE workload_gpu_hourly_stats SET stat_hour = '{old}'")
         conn.execute(workload_gpu_hourly_stats.insert(), [_hour_row("u2", T0, 31)])
-    # Up to 0011: 0012 makes this table anew for the hourly history.
-    upgrade(engine, "lens", "0011_lens")
+    # Up to 0012: 0013 makes this table anew for the hourly history.
+    upgrade(engine, "lens", "0012_lens")
     with engine.connect() as conn:
         stored = conn.exec_driver_sql(
             "SELECT workload_uid, stat_hour, sample_count FROM workload_gpu_hourly_stats ORDER BY workload_uid"

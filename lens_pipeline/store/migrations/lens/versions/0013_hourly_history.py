@@ -1,7 +1,7 @@
 """hourly history: cluster, namespace, label and workload GPU hours, allocation snapshots
 
-Revision ID: 0012_lens
-Revises: 0011_lens
+Revision ID: 0013_lens
+Revises: 0012_lens
 Create Date: 2026-11-26 03:30:00.000000
 
 `workload_gpu_hourly_stats` gets the original's columns and one writer, the hourly history assets,
@@ -18,8 +18,8 @@ from sqlalchemy.dialects import postgresql
 
 import lens_pipeline.store.types
 
-revision: str = "0012_lens"
-down_revision: str | None = "0011_lens"
+revision: str = "0013_lens"
+down_revision: str | None = "0012_lens"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
