@@ -1,7 +1,7 @@
 """Benchmark: the README's demo command on a fresh machine's terms.
 
 Clones this repository (HEAD) into a temporary directory, runs the README's first command there in
-its two halves (`python3 -m venv .venv && .venv/bin/pip install -e '.[sim]'`, then `.venv/bin/lens demo`),
+its two halves (`python3 -m venv .venv && .venv/bin/pip install -e .`, then `.venv/bin/lens demo`),
 and measures: the install time, and from the demo command to the first cluster's overview and to
 every cluster's overview (the demo's own progress lines), then stops it with Ctrl-C (SIGINT) and
 checks that the whole process tree is gone.
@@ -55,7 +55,7 @@ def main() -> int:
         if not args.venv:
             started = time.monotonic()
             subprocess.run(
-                "python3 -m venv .venv && .venv/bin/pip install -q -e '.[sim]'",
+                "python3 -m venv .venv && .venv/bin/pip install -q -e .",
                 shell=True,
                 cwd=clone,
                 check=True,
@@ -63,7 +63,7 @@ def main() -> int:
                 stderr=subprocess.DEVNULL,
             )
             install = time.monotonic() - started
-            print(f"fresh virtual environment and `pip install -e '.[sim]'`: {install:.0f} s", flush=True)
+            print(f"fresh virtual environment and `pip install -e .`: {install:.0f} s", flush=True)
 
         ports = [
             "--port",

@@ -72,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("sim", "demo") and (missing := _simulator_missing()):
         print(
             f"lens {args.command}: the simulator is not installed ({missing}): "
-            "pip install 'lens-pipeline[sim]' (from a checkout: pip install -e '.[sim]'); "
-            "the production image leaves it out",
+            "the production image leaves it out; install lens-pipeline from a checkout for the demo",
             file=sys.stderr,
         )
         return 2
@@ -213,14 +212,11 @@ def _api(args: argparse.Namespace) -> int:
 
 
 def _simulator_missing() -> str | None:
-    """What `lens sim` and `lens demo` need that this installation lacks (the `sim` extra, or the
-    simulator itself in the production image), or None."""
+    """What `lens sim` and `lens demo` need that this installation lacks (the production image
+    leaves the simulator out), or None."""
     from importlib.util import find_spec
 
-    for module in ("lens_pipeline.sim", "grpc_tools"):
-        if find_spec(module) is None:
-            return f"no module {module}"
-    return None
+    return "no module lens_pipeline.sim" if find_spec("lens_pipeline.sim") is None else None
 
 
 def _safe_url(url: str) -> str:

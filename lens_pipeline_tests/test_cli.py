@@ -180,18 +180,20 @@ def test_the_demo_finds_its_instance_in_the_package_not_the_checkout():
     assert "REPO_ROOT" not in Path(cli.__file__).read_text()
 
 
-def test_the_demo_and_the_simulator_say_which_extra_they_need_when_it_is_missing(monkeypatch, capsys):
-    """The production image has no simulator and no grpcio-tools (the `sim` extra): `lens demo` and
-    `lens sim` say how to get them instead of failing on an import."""
+def test_the_demo_and_the_simulator_say_they_are_not_in_the_production_image(monkeypatch, capsys):
+    """The production image has no simulator: `lens demo` and `lens sim` say so instead of failing
+    on an import. Elsewhere they need nothing beyond `pip install .` (no protoc)."""
     import importlib.util
 
     from lens_pipeline import cli
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "grpc_tools" else real(name, *a)
+        importlib.util, "find_spec", lambda name, *a: None if name == "lens_pipeline.sim" else real(name, *a)
     )
     for command in ("demo", "sim"):
         assert cli.main([command]) == 2
         error = capsys.readouterr().err
-        assert "no module grpc_tools" in error and "pip install 'lens-pipeline[sim]'" in error
+        assert "no module lens_pipeline.sim" in error and "production image" in error
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert cli._simulator_missing() is None

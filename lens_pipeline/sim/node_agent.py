@@ -2,15 +2,16 @@
 container events (spec §2.1) the way Primus-Lens's node-exporter did, and reads acknowledgements.
 
 Wire compatibility is the point, so this client never imports lens-pipeline's own generated
-code: it compiles `lens_pipeline/ingest/contract/exporter.proto` (the original, field for field)
-with protoc into a private descriptor pool and speaks through it. Ack-aware sending (resend what
-was not acknowledged) reads fields 7 and 8 of the reply by number, as a newer agent would.
+code: it speaks through a private descriptor pool built from what protoc makes of
+`lens_pipeline/ingest/contract/exporter.proto` (the original, field for field), the committed
+`exporter_contract.pb` (`python -m lens_pipeline.ingest.protogen` writes it; a test compiles the
+.proto again and compares), so no protoc is needed to run the simulator. Ack-aware sending (resend
+what was not acknowledged) reads fields 7 and 8 of the reply by number, as a newer agent would.
 """
 
 from __future__ import annotations
 
 import functools
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import grpc
 from lens_pipeline.protowire import varint
 
 CONTRACT = Path(__file__).resolve().parents[1] / "ingest" / "contract" / "exporter.proto"
+DESCRIPTORS = Path(__file__).resolve().with_name("exporter_contract.pb")
 SERVICE = "/exporter.ExporterService/"
 K8S_METHOD = SERVICE + "StreamContainerEvents"
 DOCKER_METHOD = SERVICE + "StreamDockerContainerEvents"
@@ -34,27 +36,10 @@ ERROR_FIELD = 8
 
 @functools.cache
 def original_event_class() -> Any:
-    """The `ContainerEvent` message class compiled from the original .proto (a private pool)."""
-    from importlib.resources import files
-
+    """The `ContainerEvent` message class of the original .proto (a private pool)."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-    from grpc_tools import protoc
 
-    with tempfile.TemporaryDirectory(prefix="lens-agent-proto-") as directory:
-        out = Path(directory) / "exporter.pb"
-        code = protoc.main(
-            [
-                "protoc",
-                f"-I{CONTRACT.parent}",
-                f"-I{files('grpc_tools') / '_proto'}",
-                f"--descriptor_set_out={out}",
-                "--include_imports",
-                CONTRACT.name,
-            ]
-        )
-        if code != 0:
-            raise RuntimeError(f"protoc could not compile {CONTRACT}")
-        descriptors = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+    descriptors = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS.read_bytes())
     pool = descriptor_pool.DescriptorPool()
     for file in descriptors.file:
         pool.Add(file)

@@ -10,8 +10,8 @@ from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
 from lens_pipeline.ingest import exporter_pb2
-from lens_pipeline.ingest.protogen import PROTO, REPO_ROOT, well_known_protos
-from lens_pipeline.sim.node_agent import CONTRACT
+from lens_pipeline.ingest.protogen import PROTO, REPO_ROOT, compile_descriptor_set, well_known_protos
+from lens_pipeline.sim.node_agent import CONTRACT, DESCRIPTORS
 
 
 def _compile(proto: Path, include: Path) -> descriptor_pb2.FileDescriptorProto:
@@ -55,3 +55,14 @@ def test_the_generated_module_matches_the_proto():
             for field in message.field:
                 field.ClearField("json_name")  # protoc's Python plugin leaves the defaults out
     assert shipped == compiled
+
+
+def test_the_agents_descriptor_set_is_what_protoc_makes_of_the_original(tmp_path):
+    """The simulated agents speak through the committed descriptor set: it is the original .proto
+    compiled today (regenerate with `python -m lens_pipeline.ingest.protogen`)."""
+    fresh = tmp_path / "set.pb"
+    assert compile_descriptor_set(CONTRACT, fresh) == 0
+    compiled = descriptor_pb2.FileDescriptorSet.FromString(fresh.read_bytes())
+    shipped = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS.read_bytes())
+    assert shipped == compiled
+    assert [f.name for f in shipped.file] == ["google/protobuf/struct.proto", "exporter.proto"]
