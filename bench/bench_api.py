@@ -332,6 +332,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_api(env: dict[str, str], workers: int = 1) -> tuple[subprocess.Popen, str]:
+    """`lens api` in a subprocess on a free local port, with `env`: (the process, its base URL)."""
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from lens_pipeline.cli import main; raise SystemExit(main())",
+            "api",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        env=env,
+    )
+    return server, f"http://127.0.0.1:{port}"
+
+
 def wait_ready(base: str) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -439,23 +460,7 @@ def main() -> int:
             sim, registry, series = simulated_series(url, args.sim_nodes, int(now.timestamp()), work)
             urls.update(series)
             env["LENS_CLUSTERS_FILE"] = str(registry)
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from lens_pipeline.cli import main; raise SystemExit(main())",
-                "api",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                str(args.workers),
-            ],
-            env=env,
-        )
+        server, base = start_api(env, args.workers)
         try:
             wait_ready(base)
             urllib.request.urlopen(f"{base}/v1/clusters/overview?cluster=bench-0").read()

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +23,7 @@ import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from bench_api import free_port, wait_ready
+from bench_api import run_wrk, start_api, wait_ready
 from bench_history import synthetic_hour
 
 from lens_pipeline.collect.history import hour_tables
@@ -67,22 +65,6 @@ def fill(url: str, nodes: int, hours: int, last: datetime) -> int:
     return written
 
 
-def wrk(url: str, connections: int, seconds: int) -> dict[str, float]:
-    out = subprocess.run(
-        ["wrk", f"-t{min(2, connections)}", f"-c{connections}", f"-d{seconds}s", "--latency", url],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    figures = {"requests_per_second": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
-    for percentile in ("50", "99"):
-        value, unit = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)", out, re.M).groups()  # type: ignore[union-attr]
-        figures[f"p{percentile}_ms"] = float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    figures["non_2xx"] = float(errors.group(1)) if errors else 0.0
-    return figures
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -103,23 +85,9 @@ def main() -> int:
         print(
             f"{written} rows of {args.hours} hours of {args.nodes} nodes stored in {time.perf_counter() - began:.0f} s"
         )
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
         env = {**os.environ, "LENS_DATABASE_URL": url}
         env.pop("LENS_API_TOKEN", None)
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from lens_pipeline.cli import main; raise SystemExit(main())",
-                "api",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            env=env,
-        )
+        server, base = start_api(env)
         day = {
             "cluster": CLUSTER,
             "start_time": (last - timedelta(hours=23)).isoformat().replace("+00:00", "Z"),
@@ -131,9 +99,10 @@ def main() -> int:
                 f"database: {url.split(':', 1)[0]}; wrk -t{min(2, args.connections)} -c{args.connections} -d{args.seconds}s; the last 24 hours"
             )
             for name, (path, params) in ROUTES.items():
-                target = f"{base}/v1/gpu-aggregation/{path}?{urllib.parse.urlencode(day | params)}"
-                urllib.request.urlopen(target).read()  # warm
-                f = wrk(target, args.connections, args.seconds)
+                target = f"/v1/gpu-aggregation/{path}?{urllib.parse.urlencode(day | params)}"
+                urllib.request.urlopen(f"{base}{target}").read()  # warm
+                script = f'request = function() return wrk.format("GET", "{target}") end\n'
+                f = run_wrk(base, script, args.connections, args.seconds, Path(tmp), quiet=True)
                 print(
                     f"{name:>26}: {f['requests_per_second']:.0f} req/s, p50 {f['p50_ms']:.2f} ms, "
                     f"p99 {f['p99_ms']:.2f} ms, non-2xx {f['non_2xx']:.0f}"
