@@ -1,8 +1,15 @@
-"""Benchmark: the collectors of one simulated cluster, first run and no-change run.
+"""Benchmark: the collectors of one simulated cluster, first run and no-change run, each against the
+bare read of the same cluster.
 
 The simulator runs in a subprocess (its memory is not ours). The collectors are materialized
 through Dagster in this process, as the `collect_cluster` job runs them: one run, shared LISTs.
 Prints wall time, this process's CPU time and peak RSS, and what the simulator was asked.
+
+After each collection run, the bare read: every request the run made, made again with nothing
+done with the answers but parsing them (each LIST paged and fetched ahead by the same reader, each
+item dropped; every other Kubernetes GET and every Prometheus query once, parsed with orjson).
+What the code controls is the ratio of the run to it: seconds move with the machine and its load,
+the floor with them. It is printed for the Kubernetes requests alone and with the Prometheus answers.
 
     .venv/bin/python bench/bench_collectors.py --nodes 5000 --pods-per-node 30 [--assets gpu_nodes ...]
         [--database-url postgresql+psycopg2://postgres@127.0.0.1:5432/lens_bench]
@@ -20,7 +27,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import orjson
 import psutil
+import urllib3
 import yaml
 from measure import machine_busy_seconds, postgres_cpu_seconds, process_cpu_seconds
 
@@ -67,6 +76,67 @@ def requests_seen(base: str, reset: bool = False) -> dict:
     return json.load(urllib.request.urlopen(f"{base}/_requests"))["counts"]
 
 
+def requests_made(base: str) -> list[tuple[str, str]]:
+    """(path, query) of every request of the last run, in order (the simulator keeps the last 1,000)."""
+    log = json.load(urllib.request.urlopen(f"{base}/_requests"))
+    if log["total"] > len(log["recent"]):
+        raise SystemExit(
+            f"the simulator kept {len(log['recent'])} of {log['total']} requests: raise its log size"
+        )
+    made = []
+    for line in log["recent"]:
+        method, target, _status = line.split(" ")
+        if method != "GET":
+            raise SystemExit(f"the bare read replays GETs only, the run made {line!r}")
+        path, _, query = target.partition("?")
+        made.append((path, query))
+    return made
+
+
+def bare_read(cluster: dict, made: list[tuple[str, str]]) -> tuple[float, float]:
+    """Seconds to make again every request of a run, parsing the answers and keeping nothing: the
+    Kubernetes requests alone, then the Prometheus queries. A LIST (a request with `limit=` and no
+    `continue=`) is read whole, paged and fetched ahead as `KubeReader` lists; a page read with a
+    continue token belongs to it."""
+    from lens_pipeline.clusters import load_registry
+    from lens_pipeline.kube.reader import KubeReader
+    from lens_pipeline.memory import paused_gc
+
+    config = load_registry(cluster["registry"]).get(cluster["name"])
+    base = cluster["base"]
+    kube = [(p, q) for p, q in made if not p.startswith("/prometheus/")]
+    prom = [(p, q) for p, q in made if p.startswith("/prometheus/")]
+    with KubeReader(config) as reader, paused_gc(freeze=False):
+        started = time.perf_counter()
+        for path, query in kube:
+            if "continue=" in query:
+                continue
+            if "limit=500" in query:
+                reader.list(path, _drop)
+            else:
+                orjson.loads(_get(reader, path, query))
+        kube_seconds = time.perf_counter() - started
+        pool = urllib3.PoolManager()
+        for path, query in prom:
+            response = pool.request("GET", f"{base}{path}?{query}")
+            orjson.loads(response.data)
+        prom_seconds = time.perf_counter() - started - kube_seconds
+    return kube_seconds, prom_seconds
+
+
+def _drop(_item: object) -> None:
+    return None
+
+
+def _get(reader, path: str, query: str) -> bytes:
+    from urllib.parse import parse_qsl
+
+    status, body = reader._get(path, parse_qsl(query))
+    if status != 200:
+        raise SystemExit(f"bare read: GET {path}?{query}: HTTP {status}")
+    return body
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=5000)
@@ -98,6 +168,7 @@ def run(cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...]
 
     with instance_for_test() as instance:
         instance.add_dynamic_partitions("cluster", [cluster["name"]])
+        summary: list[tuple[str, float, float, float, float]] = []
         print(f"{', '.join(asset_names)}; database {url.split(':')[0]}")
         for label in labels:
             requests_seen(cluster["base"], reset=True)
@@ -143,6 +214,18 @@ def run(cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...]
                 f"machine busy {machine_busy:.2f} s of {CORES * wall:.2f} core-seconds ({CORES} cores)"
             )
             print(f"    requests: {json.dumps(counts)}")
+            kube_floor, prom_floor = bare_read(cluster, requests_made(cluster["base"]))
+            floor = kube_floor + prom_floor
+            summary.append((label, wall, kube_floor, floor, peak))
+            print(
+                f"    bare read: Kubernetes {kube_floor:.2f} s (run / bare read {wall / kube_floor:.2f}x), "
+                f"with the Prometheus answers {floor:.2f} s ({wall / floor:.2f}x)"
+            )
+    for label, wall, kube_floor, floor, peak in summary:
+        print(
+            f"{label}: {wall / kube_floor:.2f}x the bare Kubernetes read ({wall:.2f} s / {kube_floor:.2f} s), "
+            f"{wall / floor:.2f}x with Prometheus ({floor:.2f} s); peak RSS {peak:.0f} MiB"
+        )
     return 0
 
 

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from lens_pipeline.collect.objects import KEPT_METADATA, owner_ref, resource_version
+from lens_pipeline.collect.objects import KEPT_METADATA, OwnerRef, owner_ref, resource_version
+from lens_pipeline.collect.owners import SAFE_WORKLOAD_LABEL
 from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name, text_without_nul
 from lens_pipeline.collect.quantity import INT32_MAX, bounded_count, whole_units
 from lens_pipeline.collect.times import parse_time
@@ -56,37 +56,64 @@ def pod_gpus(pod: dict, resource: str) -> int:
     return bounded_count(max(app, init), f"the pod's {resource} (sum over its containers)")
 
 
-@dataclass(frozen=True)
 class GpuPod:
-    """A pod that requests or limits a GPU, cut down to the fields the collectors read."""
+    """A pod that requests or limits a GPU: what the collectors read of it, a few dozen bytes, and
+    the object cut down to what its rows need (`obj`) while they are to be built.
 
-    obj: dict
-    resource: str
-    gpus: int
+    `obj` is None for a pod listed unchanged since its rows were stored (the same uid at the same
+    resourceVersion: nothing of it to build again), and once `gpu_pods` has written it."""
 
-    @property
-    def metadata(self) -> dict:
-        return self.obj["metadata"]
+    __slots__ = (
+        "deleting",
+        "gpus",
+        "ip",
+        "name",
+        "namespace",
+        "node_name",
+        "obj",
+        "owner",
+        "owner_problem",
+        "phase",
+        "resource",
+        "safe_workload",
+        "uid",
+    )
 
-    @property
-    def uid(self) -> str:
-        return self.metadata["uid"]
-
-    @property
-    def node_name(self) -> str:
-        return self.obj["spec"].get("nodeName") or ""
-
-    @property
-    def phase(self) -> str:
-        return self.obj["status"].get("phase") or ""
-
-    @property
-    def deleting(self) -> bool:
-        return bool(self.metadata.get("deletionTimestamp"))
+    def __init__(
+        self, metadata: dict, spec: dict, status: dict, resource: str, gpus: int, obj: dict | None
+    ) -> None:
+        self.uid: str = metadata["uid"]
+        self.namespace: str = metadata["namespace"]
+        self.name: str = metadata["name"]
+        self.node_name: str = spec.get("nodeName") or ""
+        self.phase: str = status.get("phase") or ""
+        self.ip: str = str(status.get("podIP") or "")
+        self.deleting = bool(metadata.get("deletionTimestamp"))
+        self.resource, self.gpus = resource, gpus
+        self.owner: OwnerRef | None = None
+        self.owner_problem: str | None = None
+        try:
+            self.owner = owner_ref(metadata)
+        except MalformedObject as exc:
+            self.owner_problem = str(exc)
+        labels = metadata.get("labels")
+        found = labels.get(SAFE_WORKLOAD_LABEL) if isinstance(labels, dict) else None
+        self.safe_workload: str = found if isinstance(found, str) else ""
+        self.obj = obj
 
     @property
     def holds_gpus(self) -> bool:
         return self.phase in HOLDING_PHASES and bool(self.node_name)
+
+    @property
+    def running(self) -> bool:
+        return not self.deleting and self.phase == "Running"
+
+    def kept(self) -> dict:
+        """The object as cut down at list time (only a pod whose rows are to be built has it)."""
+        if self.obj is None:
+            raise RuntimeError(f"pod {self.namespace}/{self.name}: its object was not kept")
+        return self.obj
 
 
 _KEPT_STATUS = ("phase", "podIP", "conditions", "containerStatuses", "startTime", "reason")
@@ -112,50 +139,80 @@ def _slim_status(status: dict) -> dict:
     return kept
 
 
-def project_gpu_pod(pod: object, resources: tuple[str, ...]) -> GpuPod | Problem | None:
-    """Cut a Pod down to a `GpuPod` (None when it asks for no GPU of these resources)."""
+def project_gpu_pod(
+    pod: object, resources: tuple[str, ...], known: Mapping[str, tuple[str, int]] | None = None
+) -> GpuPod | Problem | None:
+    """Cut a Pod down to a `GpuPod` (None when it asks for no GPU of these resources).
+
+    `known` maps the uid of each pod whose rows are stored to the resourceVersion they were built
+    from and the GPUs they say it holds. Kubernetes gives an object a new resourceVersion at every
+    change, so a pod listed at that same version is that same object: it costs the comparison of
+    one string, and keeps no `obj`."""
+    if known and pod.__class__ is dict:
+        metadata = pod.get("metadata")  # type: ignore[union-attr]
+        uid = metadata.get("uid") if metadata.__class__ is dict else None
+        stored = known.get(uid) if uid.__class__ is str else None  # type: ignore[arg-type]
+        if stored is not None and stored[0] == metadata.get("resourceVersion"):  # type: ignore[union-attr]
+            try:
+                return _unchanged_pod(pod, metadata, resources, stored[1])  # type: ignore[arg-type]
+            except (MalformedObject, KeyError, AttributeError):
+                pass  # not what was stored after all: read as any other
     try:
-        if not isinstance(pod, dict):
-            raise MalformedObject("item is not an object")
-        metadata = mapping(pod, "metadata", required=True)
-        spec = mapping(pod, "spec", required=True)
-        status = mapping(pod, "status")
-        # A GPU pod asks for more than zero GPUs in a container or init container (requests or limits).
-        found = next(((r, n) for r in resources if (n := pod_gpus(pod, r)) > 0), None)
-        if found is None:
-            return None
-        resource, gpus = found
-        for field in ("name", "namespace", "uid"):
-            if not isinstance(metadata.get(field), str) or not metadata[field]:
-                raise MalformedObject(f"missing metadata.{field}")
-        # What the rows and tables take as text or as a mapping must be one: a number or a list
-        # there would be stored as something it is not (or refused by the database).
-        for path, value, kind in (
-            ("metadata.name", metadata["name"], str),
-            ("metadata.namespace", metadata["namespace"], str),
-            ("metadata.uid", metadata["uid"], str),
-            ("spec.nodeName", spec.get("nodeName"), str),
-            ("status.phase", status.get("phase"), str),
-            ("status.podIP", status.get("podIP"), str),
-            ("metadata.labels", metadata.get("labels"), dict),
-            ("metadata.annotations", metadata.get("annotations"), dict),
-        ):
-            if value is not None and not isinstance(value, kind):
-                raise MalformedObject(f"{path} should be a {'string' if kind is str else 'mapping'}")
-            if kind is str and value and "\x00" in value:
-                raise MalformedObject(f"{path} contains a NUL character")
-        slim = {
-            "metadata": {k: metadata[k] for k in KEPT_METADATA if k in metadata},
-            "spec": {
-                "nodeName": spec.get("nodeName"),
-                "containers": [_slim_container(c) for c in _containers(spec, "containers")],
-                "initContainers": [_slim_container(c) for c in _containers(spec, "initContainers")],
-            },
-            "status": _slim_status(status),
-        }
-        return GpuPod(slim, resource, gpus)
+        return _project(pod, resources)
     except MalformedObject as exc:
         return Problem("Pod", object_name(pod), str(exc))
+
+
+def _unchanged_pod(pod: dict, metadata: dict, resources: tuple[str, ...], gpus: int) -> GpuPod | None:
+    if len(resources) == 1:  # the one vendor's GPUs, as many as when its rows were built
+        found: tuple[str, int] | None = (resources[0], gpus)
+    else:
+        found = next(((r, n) for r in resources if (n := pod_gpus(pod, r)) > 0), None)
+    if found is None:
+        return None
+    return GpuPod(metadata, pod["spec"], pod.get("status") or {}, found[0], found[1], None)
+
+
+def _project(pod: object, resources: tuple[str, ...]) -> GpuPod | None:
+    if not isinstance(pod, dict):
+        raise MalformedObject("item is not an object")
+    metadata = mapping(pod, "metadata", required=True)
+    spec = mapping(pod, "spec", required=True)
+    status = mapping(pod, "status")
+    # A GPU pod asks for more than zero GPUs in a container or init container (requests or limits).
+    found = next(((r, n) for r in resources if (n := pod_gpus(pod, r)) > 0), None)
+    if found is None:
+        return None
+    resource, gpus = found
+    for field in ("name", "namespace", "uid"):
+        if not isinstance(metadata.get(field), str) or not metadata[field]:
+            raise MalformedObject(f"missing metadata.{field}")
+    # What the rows and tables take as text or as a mapping must be one: a number or a list
+    # there would be stored as something it is not (or refused by the database).
+    for path, value, kind in (
+        ("metadata.name", metadata["name"], str),
+        ("metadata.namespace", metadata["namespace"], str),
+        ("metadata.uid", metadata["uid"], str),
+        ("spec.nodeName", spec.get("nodeName"), str),
+        ("status.phase", status.get("phase"), str),
+        ("status.podIP", status.get("podIP"), str),
+        ("metadata.labels", metadata.get("labels"), dict),
+        ("metadata.annotations", metadata.get("annotations"), dict),
+    ):
+        if value is not None and not isinstance(value, kind):
+            raise MalformedObject(f"{path} should be a {'string' if kind is str else 'mapping'}")
+        if kind is str and value and "\x00" in value:
+            raise MalformedObject(f"{path} contains a NUL character")
+    slim = {
+        "metadata": {k: metadata[k] for k in KEPT_METADATA if k in metadata},
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": [_slim_container(c) for c in _containers(spec, "containers")],
+            "initContainers": [_slim_container(c) for c in _containers(spec, "initContainers")],
+        },
+        "status": _slim_status(status),
+    }
+    return GpuPod(slim["metadata"], slim["spec"], slim["status"], resource, gpus, slim)
 
 
 def allocation_by_node(pods: Iterable[GpuPod]) -> dict[tuple[str, str], int]:
@@ -168,39 +225,36 @@ def allocation_by_node(pods: Iterable[GpuPod]) -> dict[tuple[str, str], int]:
     return allocated
 
 
-def owner_uid(metadata: dict) -> str:
-    """The controller's uid, else the first owner's, else ''."""
-    ref = owner_ref(metadata)
-    return ref.uid if ref is not None else ""
-
-
 def gpu_pod_row(pod: GpuPod) -> Row:
     """`gpu_pods` (spec §1.7); `running` is recomputed from the phase every time (§10.8)."""
-    metadata = pod.metadata
+    if pod.owner_problem is not None:
+        raise MalformedObject(pod.owner_problem)
     row = {
-        "namespace": metadata["namespace"],
-        "name": metadata["name"],
+        "namespace": pod.namespace,
+        "name": pod.name,
         "node_name": pod.node_name,
         "uid": pod.uid,
         "gpu_allocated": pod.gpus,
         "phase": pod.phase,
         "deleted": pod.deleting,
-        "running": not pod.deleting and pod.phase == "Running",
-        "ip": str(pod.obj["status"].get("podIP") or ""),
-        "owner_uid": owner_uid(metadata),
+        "running": pod.running,
+        "ip": pod.ip,
+        # The controller's uid, else the first owner's, else ''.
+        "owner_uid": pod.owner.uid if pod.owner is not None else "",
     }
     return text_without_nul(row)
 
 
 def pod_end_time(pod: GpuPod) -> datetime | None:
     """When the pod stopped holding its GPUs: deletion, or the last container finishing."""
-    deletion = parse_time(pod.metadata.get("deletionTimestamp"), "metadata.deletionTimestamp")
+    obj = pod.kept()
+    deletion = parse_time(obj["metadata"].get("deletionTimestamp"), "metadata.deletionTimestamp")
     if deletion is not None:
         return deletion
     if pod.phase not in FINISHED_PHASES:
         return None
     finished = []
-    for status in pod.obj["status"].get("containerStatuses") or []:
+    for status in obj["status"].get("containerStatuses") or []:
         terminated = (status.get("state") or {}).get("terminated") if isinstance(status, dict) else None
         if isinstance(terminated, dict):
             finished.append(
@@ -223,11 +277,12 @@ def pod_bound_time(pod: GpuPod) -> datetime | None:
     )
     if scheduled is not None and scheduled.get("lastTransitionTime"):
         return parse_time(scheduled["lastTransitionTime"], "PodScheduled condition time")
-    started = parse_time(pod.obj["status"].get("startTime"), "status.startTime")
+    obj = pod.kept()
+    started = parse_time(obj["status"].get("startTime"), "status.startTime")
     if started is not None:
         return started
     # Bound (a static pod, or a kubelet that reports no conditions yet): from its creation.
-    return parse_time(pod.metadata.get("creationTimestamp"), "metadata.creationTimestamp")
+    return parse_time(obj["metadata"].get("creationTimestamp"), "metadata.creationTimestamp")
 
 
 def pod_resource_row(pod: GpuPod, gpu_model: str) -> Row:
@@ -237,7 +292,9 @@ def pod_resource_row(pod: GpuPod, gpu_model: str) -> Row:
         "uid": pod.uid,
         "gpu_model": gpu_model,
         "gpu_allocated": pod.gpus,
-        "created_at": parse_time(pod.metadata.get("creationTimestamp"), "metadata.creationTimestamp"),
+        "created_at": parse_time(
+            pod.kept()["metadata"].get("creationTimestamp"), "metadata.creationTimestamp"
+        ),
         "bound_at": pod_bound_time(pod),
         "end_at": pod_end_time(pod),
     }
@@ -245,19 +302,20 @@ def pod_resource_row(pod: GpuPod, gpu_model: str) -> Row:
 
 def pod_snapshot_row(pod: GpuPod) -> Row:
     """`pod_snapshot` (spec §1.9) of the pod as listed."""
+    obj = pod.kept()
     return {
         "pod_uid": pod.uid,
-        "pod_name": pod.metadata["name"],
-        "namespace": pod.metadata["namespace"],
-        "spec": pod.obj["spec"],
-        "metadata": pod.metadata,
-        "status": pod.obj["status"],
-        "resource_version": resource_version(pod.metadata),
+        "pod_name": pod.name,
+        "namespace": pod.namespace,
+        "spec": obj["spec"],
+        "metadata": obj["metadata"],
+        "status": obj["status"],
+        "resource_version": resource_version(obj["metadata"]),
     }
 
 
 def _conditions(pod: GpuPod) -> list[dict]:
-    conditions = pod.obj["status"].get("conditions") or []
+    conditions = pod.kept()["status"].get("conditions") or []
     if not isinstance(conditions, list):
         raise MalformedObject("status.conditions should be a list")
     return [c for c in conditions if isinstance(c, dict)]
@@ -266,7 +324,7 @@ def _conditions(pod: GpuPod) -> list[dict]:
 def condition_events(pod: GpuPod) -> list[Row]:
     """`gpu_pods_event` rows: each condition that is True, at its real transition time (the original
     wrote the zero time). Keyed by (pod, type, time), so a condition seen again adds nothing."""
-    statuses = pod.obj["status"].get("containerStatuses") or []
+    statuses = pod.kept()["status"].get("containerStatuses") or []
     first = statuses[0] if statuses and isinstance(statuses[0], dict) else {}
     restarts = first.get("restartCount", 0)
     if not isinstance(restarts, int) or isinstance(restarts, bool):

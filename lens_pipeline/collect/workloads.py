@@ -61,13 +61,19 @@ def workload_status(obj: Mapping[str, Any], pods: Iterable[GpuPod]) -> tuple[str
     return ("Failed" if reports_failure(obj) else "Done"), 0
 
 
+def workload_namespace(obj: Mapping[str, Any]) -> str:
+    """A workload's namespace; a SaFE Workload's is the workspace it runs in."""
+    namespace = mapping(dict(obj), "metadata").get("namespace") or ""
+    if is_safe_workload(obj):
+        return str(mapping(dict(obj), "spec").get("workspace") or namespace)
+    return namespace
+
+
 def workload_row(obj: Mapping[str, Any], parent_uid: str, pods: list[GpuPod]) -> Row:
     """The `gpu_workload` row of one owner object (without cluster_name, end_at and timestamps)."""
     metadata = mapping(dict(obj), "metadata", required=True)
     status, gpu_request = workload_status(obj, pods)
-    namespace = metadata.get("namespace") or ""
-    if is_safe_workload(obj):
-        namespace = str(mapping(dict(obj), "spec").get("workspace") or namespace)
+    namespace = workload_namespace(obj)
     labels = mapping(metadata, "labels")
     annotations = mapping(metadata, "annotations")
     if not isinstance(obj.get("apiVersion"), str) or not isinstance(obj.get("kind"), str):

@@ -186,7 +186,7 @@ def split_batch(raw: bytes) -> tuple[list[bytes], str]:
 
 def _check_text(name: str, value: str, max_bytes: int) -> None:
     """A text field the log and the tables keep: at most `max_bytes` in UTF-8, no NUL."""
-    size = len(value.encode("utf-8", "surrogatepass"))
+    size = len(value) if value.isascii() else len(value.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise Refused("malformed", f"{name} is {size} bytes in UTF-8, over {max_bytes}")
     if "\x00" in value:
@@ -251,19 +251,37 @@ class _Shape:
     gpus: int
 
 
+# The same expectations as the protobuf `Value` member each field must be set in (or null_value).
+_PB_EXPECTED = {
+    source: tuple((key, f"{kind}_value") for key, kind in fields.items())
+    for source, fields in (("k8s", _K8S_FIELDS), ("docker", _DOCKER_FIELDS))
+}
+_PB_NULL = (None, "null_value")
+
+
 def _pb_shape(data: Any, source: str) -> _Shape:
-    """Check the Struct's fields the asset reads; count GPU devices (no GPU: the original ignored it)."""
+    """Check the Struct's fields the asset reads; count GPU devices (no GPU: the original ignored it).
+
+    Every event of every stream passes here: each field is looked at once, and only the values a
+    check reads (text for NUL, the creation time) are converted to Python."""
     fields = data.fields
-    expected = _K8S_FIELDS if source == "k8s" else _DOCKER_FIELDS
-    for key, kind in expected.items():
-        value = fields.get(key)
-        if value is not None:
-            which = value.WhichOneof("kind")
-            found = _PB_KIND.get(which, "null")
-            if found not in (kind, "null"):
-                raise Refused("malformed_data", f"data.{key} must be a {kind}, not a {found}")
-            if found != "null":
-                _check_value(key, kind, getattr(value, which))
+    for key, member in _PB_EXPECTED[source]:
+        if key not in fields:
+            continue
+        value = fields[key]
+        found = value.WhichOneof("kind")
+        if found != member:
+            if found in _PB_NULL:
+                continue
+            raise Refused(
+                "malformed_data",
+                f"data.{key} must be a {_PB_KIND[member]}, not a {_PB_KIND.get(found, found)}",
+            )
+        if member == "string_value":
+            if "\x00" in value.string_value:
+                raise Refused("malformed_data", f"data.{key} contains a NUL character")
+        elif key == "created_at":
+            _check_value(key, "number", value.number_value)
     if source == "docker":
         devices = fields["Devices"].list_value.values if "Devices" in fields else ()
         _pb_objects(devices, "data.Devices")
@@ -271,9 +289,11 @@ def _pb_shape(data: Any, source: str) -> _Shape:
     gpus = 0
     lists = fields["devices"].struct_value.fields if "devices" in fields else {}
     for name in _DEVICE_LISTS[source]:
-        value = lists.get(name)
-        kind = value.WhichOneof("kind") if value is not None else "null_value"
-        if kind == "null_value":
+        if name not in lists:
+            continue
+        value = lists[name]
+        kind = value.WhichOneof("kind")
+        if kind in _PB_NULL:
             continue
         if kind != "list_value":
             raise Refused("malformed_data", f"data.devices.{name} must be a list of devices")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
@@ -155,9 +156,7 @@ class PromReader:
     def _vector(self, query: str) -> tuple[list[Sample], list[str]]:
         """The answer's samples and a description of each malformed one (counted by the caller's
         thread: this may run in the prefetch thread)."""
-        result = _result_list(
-            self.cluster, query, self._ask(query, lambda client: client.custom_query(query))
-        )
+        result = _result_list(self.cluster, query, self._ask(query, lambda _client: self._instant(query)))
         samples, skipped = [], []
         for series in result:
             try:
@@ -178,6 +177,24 @@ class PromReader:
         self.malformed_samples += len(skipped)
         room = MAX_MALFORMED_EXAMPLES - len(self.malformed_examples)
         self.malformed_examples += [f"{query}: {what}" for what in skipped[: max(room, 0)]]
+
+    def _instant(self, query: str) -> Any:
+        """What `custom_query(query)` asks, on the session the client was given (its retries
+        mounted), with the answer parsed by orjson: an answer naming every GPU of a 5,000-node
+        cluster is megabytes of JSON, several times slower to parse with the standard `json` that
+        the client uses."""
+        assert self._session is not None  # made with the client, by `_ask`
+        response = self._session.get(
+            f"{self.url}/api/v1/query", params={"query": query}, timeout=self.timeout_seconds
+        )
+        if response.status_code != 200:
+            raise PrometheusApiClientException(
+                f"HTTP Status Code {response.status_code} ({response.content!r})"
+            )
+        try:
+            return orjson.loads(response.content)["data"]["result"]
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a Prometheus answer: {exc}") from None
 
     def metric_names(self, lookback_seconds: float = LOOKBACK_SECONDS) -> set[str]:
         """Every metric name with samples in the last `lookback_seconds`: one request, whatever the

@@ -25,6 +25,7 @@ from typing import Any, Literal, cast
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Select,
     Table,
     and_,
     bindparam,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     func,
     not_,
     select,
+    true,
     tuple_,
     update,
 )
@@ -42,7 +44,7 @@ from sqlalchemy.engine import Dialect
 
 from lens_pipeline.memory import paused_gc
 from lens_pipeline.store.schema import logical_key
-from lens_pipeline.store.write_behind import WriteBehind
+from lens_pipeline.store.write_behind import WriteBehind, statement_tables
 
 BATCH_ROWS = 1000
 # Write-behind: converted rows handed to the helper thread in chunks of about this many bytes. Each
@@ -415,6 +417,8 @@ def sync_snapshot(
     vanish_filter: Callable[[Row], bool] | None = None,
     extra_columns: Sequence[str] = (),
     settled: ColumnElement[bool] | None = None,
+    unchanged: Mapping[tuple, tuple] | None = None,
+    unchanged_columns: Sequence[str] = (),
 ) -> SyncResult:
     """Make the stored rows under `scope` (e.g. one cluster) equal `rows`, writing only what differs.
 
@@ -428,10 +432,110 @@ def sync_snapshot(
     - Stored rows matching `settled` (e.g. pods marked deleted, which pile up) are not read back
       every run; a row seen again whose key is among them is fetched by its key, so it is
       compared and updated like any other.
+    - `unchanged` names keys seen this run whose stored row is known to hold what was seen (the
+      object did not change since the row was written from it) but for `unchanged_columns`, whose
+      values it gives (a tuple per key, in that order): only these are read back and compared, and
+      written when they differ. Each must have a stored row that is not `settled`. The stored rows
+      of `rows` are then read by their keys: a run where little changed reads little.
     """
     with paused_gc():
         return _sync(
-            conn, table, scope, rows, now, compare, on_vanish, protect, vanish_filter, extra_columns, settled
+            conn,
+            table,
+            scope,
+            rows,
+            now,
+            _SyncRules(compare, on_vanish, protect, vanish_filter, extra_columns, settled),
+            unchanged,
+            tuple(unchanged_columns),
+        )
+
+
+def read_rows(conn: Connection, query: Select) -> list[tuple]:
+    """The rows of `query`, each a tuple of the values SQLAlchemy would give (its columns' result
+    processors), fetched by the driver's own cursor: at 100k rows, SQLAlchemy's row objects cost
+    several times what the driver does. On the connection's transaction, after the writes behind
+    it on the same tables (`write_behind`)."""
+    dialect = conn.dialect
+    compiled = query.compile(dialect=dialect, compile_kwargs={"render_postcompile": True})
+    params = compiled.params
+    arguments: Any = [params[name] for name in compiled.positiontup or ()] if dialect.positional else params
+    if not conn.in_transaction():
+        conn.begin()  # what `conn.execute` would do
+    writer = WriteBehind.of(conn)
+    if writer is not None:
+        writer.before_statement(statement_tables(query))
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(compiled.string, arguments)
+        records = cursor.fetchall()
+        # With the driver's type of each column, as SQLAlchemy hands it to them.
+        processors = [
+            (n, process)
+            for n, (column, described) in enumerate(
+                zip(query.selected_columns, cursor.description, strict=True)
+            )
+            if (process := column.type.dialect_impl(dialect).result_processor(dialect, described[1]))
+            is not None
+        ]
+    finally:
+        cursor.close()
+        if writer is not None:
+            writer.after_statement()
+    if not processors:
+        return list(map(tuple, records))
+    converted = []
+    for record in records:
+        values = list(record)
+        for n, process in processors:
+            values[n] = process(values[n])
+        converted.append(tuple(values))
+    return converted
+
+
+@dataclass(frozen=True)
+class _SyncRules:
+    compare: Sequence[str] | None
+    on_vanish: Vanish
+    protect: Iterable[tuple]
+    vanish_filter: Callable[[Row], bool] | None
+    extra_columns: Sequence[str]
+    settled: ColumnElement[bool] | None
+
+
+class _Stored:
+    """The stored rows of one sync's scope that it reads: whole (key, compared and extra columns, as
+    tuples: at 100k rows, a dict per row was a good part of a no-change run), by key when asked."""
+
+    def __init__(self, conn: Connection, table: Table, scope: Mapping[str, Any], columns: list[str]) -> None:
+        self.conn, self.table, self.columns = conn, table, columns
+        self.key = logical_key(table)
+        self.where = and_(*(table.c[k] == v for k, v in scope.items()))
+        self.query = select(*(table.c[c] for c in columns))
+        self.rows: dict[tuple, tuple] = {}
+
+    def read(self, condition: ColumnElement[bool]) -> None:
+        width = len(self.key)
+        for record in read_rows(self.conn, self.query.where(self.where, condition)):
+            self.rows[record[:width]] = record
+
+    def read_keys(self, keys: Sequence[tuple]) -> None:
+        key_expr = tuple_(*(self.table.c[k] for k in self.key))
+        for start in range(0, len(keys), BATCH_ROWS):
+            self.read(key_expr.in_(keys[start : start + BATCH_ROWS]))
+
+    def brief(self, condition: ColumnElement[bool], columns: Sequence[str]) -> dict[tuple, tuple]:
+        """key -> values of `columns` of the rows matching `condition`."""
+        width = len(self.key)
+        query = select(*(self.table.c[c] for c in [*self.key, *columns])).where(self.where, condition)
+        return {record[:width]: record[width:] for record in read_rows(self.conn, query)}
+
+    def count(self, condition: ColumnElement[bool]) -> int:
+        return (
+            self.conn.execute(
+                select(func.count()).select_from(self.table).where(self.where, condition)
+            ).scalar()
+            or 0
         )
 
 
@@ -441,54 +545,86 @@ def _sync(
     scope: Mapping[str, Any],
     rows: Sequence[Row],
     now: datetime,
-    compare: Sequence[str] | None,
-    on_vanish: Vanish,
-    protect: Iterable[tuple],
-    vanish_filter: Callable[[Row], bool] | None,
-    extra_columns: Sequence[str],
-    settled: ColumnElement[bool] | None,
+    rules: _SyncRules,
+    unchanged: Mapping[tuple, tuple] | None,
+    unchanged_columns: tuple[str, ...],
 ) -> SyncResult:
     key = logical_key(table)
-    if compare is None:
+    if rules.compare is None:
         # The rows' own columns; with no row at all, every column, so that what decides about the
         # rows that vanished (`vanish_filter`, `on_vanish`) can read any of them.
         columns = rows[0] if rows else [c.name for c in table.c]
         compare = [c for c in columns if c not in key]
     else:
-        compare = list(compare)
-    has_created = "created_at" in table.c
-    has_updated = "updated_at" in table.c
-    where = and_(*(table.c[k] == v for k, v in scope.items()))
-    wanted_columns = list(dict.fromkeys([*key, *compare, *extra_columns]))
-    # Stored rows stay plain tuples (key, then compared values): at 100k rows, building a dict per
-    # row was a good part of a no-change run. Dicts are made only for rows that vanished.
-    key_width = len(key)
-    compared = slice(key_width, key_width + len(compare))
-    query = select(*(table.c[c] for c in wanted_columns))
-    live = where if settled is None else and_(where, not_(settled))
-    stored: dict[tuple, tuple] = {
-        tuple(record[:key_width]): tuple(record)
-        for part in conn.execute(query.where(live)).partitions(BATCH_ROWS)
-        for record in part
-    }
+        compare = list(rules.compare)
+    stored = _Stored(conn, table, scope, list(dict.fromkeys([*key, *compare, *rules.extra_columns])))
+    live = true() if rules.settled is None else not_(rules.settled)
     key_of = _getter(key)
-    values_of = _getter(compare)
-    if settled is not None:
-        unread = [k for k in map(key_of, rows) if k not in stored]
-        if unread and conn.execute(select(func.count()).select_from(table).where(where, settled)).scalar():
-            key_expr = tuple_(*(table.c[k] for k in key))
-            for start in range(0, len(unread), BATCH_ROWS):
-                batch = unread[start : start + BATCH_ROWS]
-                for record in conn.execute(query.where(where, key_expr.in_(batch))).all():
-                    stored[tuple(record[:key_width])] = tuple(record)
+    row_keys = list(map(key_of, rows))
+    brief: dict[tuple, tuple] = {}
+    if unchanged is None:
+        stored.read(live)
+    else:
+        brief = stored.brief(live, unchanged_columns)
+        changed = [k for k in row_keys if k in brief]
+        if len(changed) > len(brief) // 4:  # much changed: one scan reads less than many lookups
+            stored.read(live)
+        else:
+            stored.read_keys(changed)
+    if rules.settled is not None:
+        unread = [k for k in row_keys if k not in stored.rows]
+        # A few are looked up at once; many (a first run) only if any row is settled at all.
+        if len(unread) <= BATCH_ROWS or stored.count(rules.settled):
+            stored.read_keys(unread)
 
     result = SyncResult()
+    _write_rows(
+        conn,
+        table,
+        rows,
+        row_keys,
+        stored.rows,
+        slice(len(key), len(key) + len(compare)),
+        _getter(compare),
+        now,
+        result,
+    )
+    seen = set(row_keys)
+    if unchanged is not None:
+        seen.update(unchanged)
+        _write_unchanged(conn, table, key, unchanged, unchanged_columns, brief, now, result)
+
+    protected = set(rules.protect)
+    if unchanged is not None:
+        missing = [k for k in brief if k not in seen and k not in protected and k not in stored.rows]
+        stored.read_keys(missing)
+    gone = {
+        k: dict(zip(stored.columns, record, strict=True))
+        for k, record in stored.rows.items()
+        if k not in seen and k not in protected
+    }
+    vanished = [k for k, record in gone.items() if rules.vanish_filter is None or rules.vanish_filter(record)]
+    result.vanished = vanished
+    if vanished and rules.on_vanish != "keep":
+        _apply_vanish(conn, table, key, vanished, gone, rules.on_vanish, now, "updated_at" in table.c)
+    return result
+
+
+def _write_rows(
+    conn: Connection,
+    table: Table,
+    rows: Sequence[Row],
+    row_keys: list[tuple],
+    stored: Mapping[tuple, tuple],
+    compared: slice,
+    values_of: Callable[[Row], tuple],
+    now: datetime,
+    result: SyncResult,
+) -> None:
+    """Insert the rows whose key is not stored, update the ones that differ from the stored row."""
     inserts: list[Row] = []
     updates: list[Row] = []
-    seen: set[tuple] = set()
-    for row in rows:
-        row_key = key_of(row)
-        seen.add(row_key)
+    for row, row_key in zip(rows, row_keys, strict=True):
         previous = stored.get(row_key)
         if previous is None:
             inserts.append(row)
@@ -501,23 +637,40 @@ def _sync(
     # A row may bring its own created_at (an object's creation time); otherwise it is first-seen time.
     # Updates carry it too: an upsert's INSERT half must satisfy NOT NULL, and the conflict update
     # never overwrites created_at (NEVER_UPDATED).
-    first_seen = {"created_at": now} if has_created else {}
-    stamp = {"updated_at": now} if has_updated else {}
+    first_seen = {"created_at": now} if "created_at" in table.c else {}
+    stamp = {"updated_at": now} if "updated_at" in table.c else {}
     for changed, new in ((inserts, True), (updates, False)):
         if changed:
             bulk_upsert(conn, table, [{**first_seen, **row, **stamp} for row in changed], new=new)
 
-    protected = set(protect)
-    gone = {
-        k: dict(zip(wanted_columns, record, strict=True))
-        for k, record in stored.items()
-        if k not in seen and k not in protected
-    }
-    vanished = [k for k, record in gone.items() if vanish_filter is None or vanish_filter(record)]
-    result.vanished = vanished
-    if vanished and on_vanish != "keep":
-        _apply_vanish(conn, table, key, vanished, gone, on_vanish, now, has_updated)
-    return result
+
+def _write_unchanged(
+    conn: Connection,
+    table: Table,
+    key: Sequence[str],
+    unchanged: Mapping[tuple, tuple],
+    columns: tuple[str, ...],
+    brief: Mapping[tuple, tuple],
+    now: datetime,
+    result: SyncResult,
+) -> None:
+    """Compare and write the `columns` of the rows said unchanged but for them."""
+    updates: list[Row] = []
+    for row_key, values in unchanged.items():
+        before = brief.get(row_key)
+        if before is None:
+            raise RuntimeError(f"{table.name}: {row_key} was said unchanged, but no such row is stored")
+        if before != values and _row_differs(before, values):
+            updates.append(
+                {**dict(zip(key, row_key, strict=True)), **dict(zip(columns, values, strict=True))}
+            )
+            result.updated.append(row_key)
+        else:
+            result.unchanged += 1
+    if updates:
+        # Every key is stored (checked above): the upsert only updates these columns.
+        stamp = {"updated_at": now} if "updated_at" in table.c else {}
+        bulk_upsert(conn, table, [{**row, **stamp} for row in updates], update_columns=[*columns, *stamp])
 
 
 def _getter(columns: Sequence[str]) -> Callable[[Row], tuple]:

@@ -230,10 +230,14 @@ class WriteBehind:
 
 
 def _statement_tables(context: Any) -> set[str] | None:
-    """The tables a compiled statement names; None when it cannot be told: SQL text anywhere in it
-    (a `text()` clause, a literal column, a lightweight `table()`) may name any table."""
+    """The tables a compiled statement names (`statement_tables`)."""
     compiled = getattr(context, "compiled", None)
-    statement = getattr(compiled, "statement", None)
+    return statement_tables(getattr(compiled, "statement", None))
+
+
+def statement_tables(statement: Any) -> set[str] | None:
+    """The tables a statement names; None when it cannot be told: SQL text anywhere in it (a
+    `text()` clause, a literal column, a lightweight `table()`) may name any table."""
     if statement is None:
         return None
     tables: set[str] = set()

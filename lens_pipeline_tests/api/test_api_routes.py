@@ -325,8 +325,9 @@ def test_node_series_are_its_gpus_cpus_and_memory(world):
         nodes = truth(world.server, cluster.name)["nodes"]
         for node in nodes:
             mine = [g for g in reported if g["node"] == node["name"]]
-            metrics = world.data(f"/v1/nodes/{node['name']}/gpuMetrics", cluster.name, **span())
-            history = world.data(f"/v1/nodes/{node['name']}/utilizationHistory", cluster.name, **span())
+            window = span()  # one window for both routes: two clocks may straddle a second
+            metrics = world.data(f"/v1/nodes/{node['name']}/gpuMetrics", cluster.name, **window)
+            history = world.data(f"/v1/nodes/{node['name']}/utilizationHistory", cluster.name, **window)
             now = world.data(f"/v1/nodes/{node['name']}/utilization", cluster.name)
             assert history["gpu_utilization"] == metrics["gpu_utilization"]
             assert history["gpu_allocation_rate"] == metrics["gpu_allocation_rate"]

@@ -59,7 +59,7 @@ def pod(
 def test_a_deployment_chain_resolves_from_listed_objects():
     objects = {"d1": obj(DEPLOY, "web", "d1"), "r1": obj(RS, "web-abc", "r1", (DEPLOY, "web", "d1"))}
     p = pod("web-abc-x", "p1", (RS, "web-abc", "r1"))
-    chains = resolve_chains([(p.uid, p.metadata)], objects, {RS, DEPLOY})
+    chains = resolve_chains([p], objects, {RS, DEPLOY})
     assert chains.ancestors == {"p1": ["r1", "d1"]} and chains.problems == []
 
 
@@ -78,7 +78,7 @@ def test_a_deployment_chain_resolves_from_listed_objects():
 )
 def test_broken_chains_are_problems_not_crashes(objects, listed, problem):
     p = pod("x", "p1", (RS, "a", "r1"))
-    chains = resolve_chains([(p.uid, p.metadata)], objects, listed)
+    chains = resolve_chains([p], objects, listed)
     if problem is None:
         assert chains.problems == []
     else:
@@ -97,7 +97,7 @@ def test_safe_workloads_adopt_children_by_label():
     job = obj(PTJ, "train-1-ptj", "j1", labels={"primus-safe.workload.id": "train-1"})
     p = pod("train-1-ptj-master-0", "p1", (PTJ, "train-1-ptj", "j1"))
     objects = {"w1": safe, "j1": job}
-    chains = resolve_chains([(p.uid, p.metadata)], objects, {PTJ})
+    chains = resolve_chains([p], objects, {PTJ})
     assert chains.ancestors["p1"] == ["j1", "w1"]
     assert parent_uid(job["metadata"], {"train-1": "w1"}) == "w1"
     row = workload_row(safe, "", [p])

@@ -16,6 +16,9 @@ from sqlalchemy import select
 
 from lens_pipeline.defs import resources
 from lens_pipeline.defs.cluster_assets import COLLECTOR_KEYS
+from lens_pipeline.defs.collectors import common
+from lens_pipeline.defs.collectors import gpu_pods as gpu_pods_part
+from lens_pipeline.defs.collectors import gpu_workloads as gpu_workloads_part
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
 from lens_pipeline.kube.reader import KubeReader
@@ -182,6 +185,47 @@ def test_every_collector_equals_the_truth_through_churn(fleet_and_registry, lens
         == quiet["gpu_workloads"]["workload_snapshots_written"]
         == 0
     )
+
+
+def test_only_objects_whose_resource_version_moved_are_read_again(fleet_and_registry, lens_url, monkeypatch):
+    """A pod or owner listed at the resourceVersion its stored rows were built from is that same
+    object (Kubernetes gives every change a new one): its rows are not rebuilt. One that changed, in
+    any field the rows store, is read again; and rows built by other code are rebuilt once."""
+    fleet, server, registry, instance = fleet_and_registry
+    cluster = fleet.clusters[0]
+    collect(cluster.name, registry, lens_url, instance)
+    quiet = collect(cluster.name, registry, lens_url, instance)
+    pods, workloads = quiet["gpu_pods"], quiet["gpu_workloads"]
+    assert pods["pods_unchanged_since_stored"] == pods["dagster/row_count"] > 0
+    assert workloads["workloads_unchanged_since_stored"] == workloads["dagster/row_count"] > 0
+
+    # A running pod finishes: its phase (stored) and its resourceVersion move; its workload's status
+    # may follow.
+    running = next(p for p in truth(server, cluster.name)["pods"] if p["phase"] == "Running")
+    cluster.set_pod_phase(running["namespace"], running["name"], "Succeeded")
+    changed = collect(cluster.name, registry, lens_url, instance)
+    assert_matches_truth(lens_url, server, cluster.name)
+    assert changed["gpu_pods"]["rows_updated"] >= 1
+    assert changed["gpu_pods"]["pods_unchanged_since_stored"] < pods["dagster/row_count"]
+    (row,) = [r for r in table(lens_url, gpu_pods, cluster.name) if r["uid"] == running["uid"]]
+    assert (row["phase"], row["running"]) == ("Succeeded", False)
+
+    # A row the current code would not build (as after a fix in how rows are derived) stays as long
+    # as its object does not change, and is rebuilt once the code that builds rows is another.
+    with get_engine(lens_url).begin() as conn:
+        conn.execute(gpu_pods.update().where(gpu_pods.c.uid == running["uid"]).values(ip="stale"))
+    collect(cluster.name, registry, lens_url, instance)
+    assert {r["uid"]: r["ip"] for r in table(lens_url, gpu_pods, cluster.name)}[running["uid"]] == "stale"
+    monkeypatch.setattr(common, "rows_version", lambda: "other code")
+    for module in (gpu_pods_part, gpu_workloads_part):
+        monkeypatch.setattr(module, "rows_version", lambda: "other code")
+    rebuilt = collect(cluster.name, registry, lens_url, instance)
+    assert rebuilt["gpu_pods"]["pods_unchanged_since_stored"] == 0
+    assert rebuilt["gpu_workloads"]["workloads_unchanged_since_stored"] == 0
+    assert rebuilt["gpu_pods"]["rows_updated"] == 1  # the stale row, and only it
+    assert_matches_truth(lens_url, server, cluster.name)
+    again = collect(cluster.name, registry, lens_url, instance)
+    assert again["gpu_pods"]["pods_unchanged_since_stored"] == again["gpu_pods"]["dagster/row_count"]
 
 
 def test_a_run_lists_each_kind_once(fleet_and_registry, sqlite_url):

@@ -252,6 +252,41 @@ def test_sync_snapshot_writes_only_the_difference(lens_url):
     assert stored["c"].updated_at == T0
 
 
+def test_rows_said_unchanged_are_compared_only_in_the_columns_given(lens_url):
+    """Objects listed at the version their rows were built from: only the columns that come from
+    elsewhere are read back and compared; the rows of the others are compared whole; a stored row
+    neither seen nor said unchanged has vanished, and one said unchanged but not stored is an error."""
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    scope = {"cluster_name": "c1"}
+    with write_transaction(engine) as conn:
+        sync_snapshot(conn, node, scope, [_node(n) for n in "abcd"], now=T0)
+    later = T0 + timedelta(minutes=1)
+    with write_transaction(engine) as conn:
+        result = sync_snapshot(
+            conn,
+            node,
+            scope,
+            [_node("c", gpu_count=4), _node("e")],
+            now=later,
+            unchanged={("c1", "a"): ("Ready",), ("c1", "b"): ("NotReady",)},
+            unchanged_columns=("status",),
+        )
+    assert result.unchanged == 1  # a
+    assert sorted(result.updated) == [("c1", "b"), ("c1", "c")]
+    assert result.inserted == [("c1", "e")]
+    assert result.vanished == [("c1", "d")]
+    with engine.connect() as conn:
+        stored = {r.name: r for r in conn.execute(select(node))}
+    assert sorted(stored) == ["a", "b", "c", "e"]
+    assert (stored["a"].status, stored["a"].updated_at) == ("Ready", T0)
+    assert (stored["b"].status, stored["b"].gpu_count, stored["b"].updated_at) == ("NotReady", 8, later)
+    assert (stored["c"].gpu_count, stored["c"].updated_at) == (4, later)
+
+    with pytest.raises(RuntimeError, match="said unchanged"), write_transaction(engine) as conn:
+        sync_snapshot(conn, node, scope, [], now=later, unchanged={("c1", "zz"): ()})
+
+
 def test_sync_snapshot_marks_instead_of_deleting(sqlite_url):
     engine = get_engine(sqlite_url)
     ensure_schema(engine, "lens")

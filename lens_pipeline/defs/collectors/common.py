@@ -7,9 +7,13 @@ one run can cover one cluster or a batch of them, with the collectors of a clust
 snapshot of its Kubernetes objects.
 """
 
+import functools
+import hashlib
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from dagster import (
@@ -17,6 +21,8 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetExecutionContext,
+    AssetKey,
+    AssetRecordsFilter,
     AssetSpec,
     AutomationCondition,
     Backoff,
@@ -43,6 +49,7 @@ from lens_pipeline.defs.resources import (
 from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.retry import OP_RETRIES, OP_RETRY_DELAY
+from lens_pipeline.store.pods import StoredPods, stored_pods
 from lens_pipeline.vendors import Dialect, shipped_dialect
 
 # The step's retries, from the one table of retries (lens_pipeline.retry).
@@ -55,6 +62,37 @@ MAX_LOGGED_PROBLEMS = 20
 # The UI shows an asset as late after warn_window and failing after fail_window without a new
 # materialization; the schedule refreshes every minute.
 FRESHNESS = FreshnessPolicy.time_window(fail_window=FAIL_AFTER, warn_window=WARN_AFTER)
+
+
+# The code that builds the rows of pods and workloads from their objects. A row is rebuilt only
+# when its object changed (a new resourceVersion), so rows built by other code are rebuilt once
+# when this code changes: a fix or a new column then reaches every object, changed or not.
+ROW_MODULES = (
+    "lens_pipeline.collect.objects",
+    "lens_pipeline.collect.owners",
+    "lens_pipeline.collect.pods",
+    "lens_pipeline.collect.problems",
+    "lens_pipeline.collect.quantity",
+    "lens_pipeline.collect.times",
+    "lens_pipeline.collect.workloads",
+    "lens_pipeline.defs.collectors.gpu_pods",
+    "lens_pipeline.defs.collectors.gpu_workloads",
+    "lens_pipeline.store.pods",
+    "lens_pipeline.store.schema",
+    "lens_pipeline.store.types",
+    "lens_pipeline.store.workloads",
+)
+ROWS_BUILT_BY = "rows_built_by"
+
+
+@functools.cache
+def rows_version() -> str:
+    """Names the code of `ROW_MODULES` (a digest of their source), recorded with each materialization
+    of `gpu_pods` and `gpu_workloads` as `rows_built_by`."""
+    digest = hashlib.sha256()
+    for name in ROW_MODULES:
+        digest.update(Path(importlib.import_module(name).__file__ or name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 class StatisticsConfig(Config):
@@ -157,7 +195,29 @@ class ClusterTurn:
 
     def snapshot(self) -> ClusterSnapshot:
         """The cluster's Kubernetes objects, listed once and shared by the collectors of the run."""
-        return self.kubernetes.snapshot(self.cluster)
+        snapshot = self.kubernetes.snapshot(self.cluster)
+        if snapshot.read_stored_pods is None:
+            snapshot.read_stored_pods = self._stored_pods
+        return snapshot
+
+    def _stored_pods(self) -> StoredPods:
+        with self.lens_db.engine().connect() as conn:
+            stored = stored_pods(conn, self.cluster.name)
+        if not self.rows_built_by_this_code("gpu_pods"):
+            return StoredPods(stored.versions)  # every pod's rows built again
+        return stored
+
+    def rows_built_by_this_code(self, key: str) -> bool:
+        """Whether the cluster's last materialization of `key` recorded rows built by this code
+        (`rows_version`): only then do rows stored for an object that did not change hold what this
+        code would build from it."""
+        found = self.context.instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=AssetKey(key), asset_partitions=[self.cluster.name]), limit=1
+        ).records
+        if not found or found[0].asset_materialization is None:
+            return False
+        recorded = found[0].asset_materialization.metadata.get(ROWS_BUILT_BY)
+        return recorded is not None and recorded.value == rows_version()
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,23 @@ from lens_pipeline.kube.reader import ListStats
 from lens_pipeline.store.upsert import SyncResult
 
 MAX_LISTED = 20
+TABLE_ROWS = 50
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], limit: int = 50) -> MetadataValue:
+def markdown_table(
+    rows: Sequence[dict[str, Any]],
+    columns: Sequence[str],
+    limit: int = TABLE_ROWS,
+    total: int | None = None,
+) -> MetadataValue:
+    """The first `limit` rows as a markdown table; `total` counts the rows when `rows` are only
+    the first ones."""
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows[:limit]:
         lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
-    if len(rows) > limit:
-        lines.append(f"\n{len(rows) - limit} more rows not shown")
+    total = len(rows) if total is None else total
+    if total > limit:
+        lines.append(f"\n{total - limit} more rows not shown")
     return MetadataValue.md("\n".join(lines))
 
 
