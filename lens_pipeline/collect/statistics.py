@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from lens_pipeline.collect.problems import MalformedObject
-from lens_pipeline.collect.stored import stored_count, stored_figure
+from lens_pipeline.collect.stored import stored_count, stored_figure, stored_text
 
 BUCKET_WIDTH = 10.0
 BUCKETS = 10
@@ -204,3 +205,75 @@ def window_bounds(
     points = max(1, int(max_window_seconds // resolution))
     last = min(math.floor(now / resolution) * resolution, first + (points - 1) * resolution)
     return first, last
+
+
+def utc_time(t: float) -> datetime:
+    """A unix time as an aware UTC datetime."""
+    return datetime.fromtimestamp(t, UTC)
+
+
+@dataclass(frozen=True)
+class Span:
+    """The window a statistics run read: its first and last points (unix times), whether Prometheus
+    answered for it, and the run's time."""
+
+    first: float
+    last: float
+    queried: bool
+    now: datetime
+
+
+def statistic_row(
+    cluster: str,
+    workload: dict[str, Any],
+    previous: dict[str, Any] | None,
+    window: Window,
+    instant: float | None,
+    span: Span,
+) -> dict[str, Any]:
+    """The workload's `workload_statistic` row with the window added (MalformedObject when a stored
+    value it reads is not what its column holds)."""
+    figures = accumulate(previous, window)
+    began = (
+        previous["stat_start_time"]
+        if previous
+        else utc_time(window.steps[0].time if window.steps else span.first)
+    )
+    return {
+        "cluster_name": cluster,
+        "uid": workload["uid"],
+        "namespace": stored_text(workload, "namespace"),
+        "workload_name": stored_text(workload, "name"),
+        "workload_type": stored_text(workload, "kind"),
+        "instant_gpu_utilization": instant if instant is not None else 0.0,
+        **figures,
+        "stat_start_time": began,
+        "stat_end_time": utc_time(span.last)
+        if span.queried
+        else (previous or {}).get("stat_end_time", span.now),
+        "allocated_gpu_count": float(stored_count(workload, "gpu_request")),
+        "workload_status": stored_text(workload, "status"),
+        "labels": workload["labels"] or {},
+        "annotations": workload["annotations"] or {},
+        "created_at": span.now,
+        "updated_at": span.now,
+        "last_query_time": utc_time(span.last) if span.queried else (previous or {}).get("last_query_time"),
+    }
+
+
+def consumer_row(
+    workload: dict[str, Any], pods: list[dict[str, Any]], stat: dict[str, Any]
+) -> dict[str, Any]:
+    """A running top-level workload's `gpu_consumers` row from its running pods and its statistic."""
+    return {
+        "uid": workload["uid"],
+        "group_version": workload["group_version"],
+        "kind": stored_text(workload, "kind"),
+        "namespace": stored_text(workload, "namespace"),
+        "name": stored_text(workload, "name"),
+        "gpu_allocated": sum(stored_count(p, "gpu_allocated") for p in pods),
+        "gpu_utilization": stored_figure(stat, "instant_gpu_utilization") or 0.0,
+        "active_pods": len(pods),
+        "idle_gpu_seconds": stored_figure(stat, "idle_gpu_seconds", 0.0) or 0.0,
+        "source": workload["source"],
+    }

@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import math
 import random
+from datetime import UTC, datetime
 
 import pytest
 
+from lens_pipeline.collect.problems import MalformedObject
 from lens_pipeline.collect.statistics import (
     PodSeries,
+    Span,
     Step,
     Window,
     accumulate,
     add_to_histogram,
+    consumer_row,
     instant_utilization,
     percentile,
+    statistic_row,
+    utc_time,
     workload_window,
 )
 
@@ -83,3 +89,66 @@ def test_a_workload_weighs_every_gpu_of_its_pods_once_and_counts_idle_gpu_time()
     assert window.allocated_gpu_seconds == 17 * 30.0 and window.idle_gpu_seconds == 8 * 30.0
     assert instant_utilization([(400.0, 8), (100.0, 1)]) == pytest.approx(500.0 / 9)
     assert instant_utilization([]) is None
+
+
+WORKLOAD = {
+    "uid": "u-1",
+    "namespace": "team",
+    "name": "train",
+    "kind": "PyTorchJob",
+    "group_version": "kubeflow.org/v1",
+    "gpu_request": 8,
+    "status": "Running",
+    "labels": None,
+    "annotations": {"owner": "a"},
+    "source": "k8s",
+}
+NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
+
+
+def test_a_first_statistic_row_starts_at_its_first_point_and_ends_at_the_window():
+    window = Window([Step(600.0, 40.0, 8, 0), Step(630.0, 60.0, 8, 8)], 30.0)
+    row = statistic_row("c1", WORKLOAD, None, window, 55.0, Span(600.0, 630.0, True, NOW))
+    assert row["stat_start_time"] == utc_time(600.0) and row["stat_end_time"] == utc_time(630.0)
+    assert row["last_query_time"] == utc_time(630.0)
+    assert (row["cluster_name"], row["workload_name"], row["workload_type"]) == ("c1", "train", "PyTorchJob")
+    assert row["avg_gpu_utilization"] == 50.0 and row["instant_gpu_utilization"] == 55.0
+    assert row["allocated_gpu_count"] == 8.0 and row["idle_gpu_seconds"] == 8 * 30.0
+    assert row["labels"] == {} and row["annotations"] == {"owner": "a"}
+
+
+def test_a_window_prometheus_did_not_answer_keeps_the_stored_ends():
+    first = statistic_row(
+        "c1", WORKLOAD, None, Window([Step(600.0, 40.0, 8, 0)], 30.0), None, Span(600.0, 600.0, True, NOW)
+    )
+    later = datetime(2026, 11, 26, 12, 5, tzinfo=UTC)
+    row = statistic_row("c1", WORKLOAD, first, Window([], 30.0), None, Span(630.0, 900.0, False, later))
+    assert row["stat_start_time"] == first["stat_start_time"]
+    assert row["stat_end_time"] == first["stat_end_time"] == utc_time(600.0)
+    assert row["last_query_time"] == utc_time(600.0)  # the next run reads the window again
+    assert row["sample_count"] == 1 and row["instant_gpu_utilization"] == 0.0
+    assert row["updated_at"] == later
+
+
+def test_a_stored_workload_value_of_the_wrong_type_is_malformed_not_a_crash():
+    with pytest.raises(MalformedObject, match="gpu_request"):
+        statistic_row(
+            "c1",
+            {**WORKLOAD, "gpu_request": "eight"},
+            None,
+            Window([], 30.0),
+            None,
+            Span(0.0, 0.0, False, NOW),
+        )
+
+
+def test_a_consumer_holds_its_running_pods_gpus_and_its_statistics_figures():
+    pods = [{"gpu_allocated": 8}, {"gpu_allocated": 4}]
+    stat = {"instant_gpu_utilization": 72.5, "idle_gpu_seconds": 120.0}
+    row = consumer_row(WORKLOAD, pods, stat)
+    assert (row["gpu_allocated"], row["active_pods"]) == (12, 2)
+    assert (row["gpu_utilization"], row["idle_gpu_seconds"]) == (72.5, 120.0)
+    assert (row["group_version"], row["source"]) == ("kubeflow.org/v1", "k8s")
+    # No statistic yet (a workload seen for the first time): zeros, not NULLs.
+    empty = consumer_row(WORKLOAD, [], {})
+    assert (empty["gpu_allocated"], empty["gpu_utilization"], empty["idle_gpu_seconds"]) == (0, 0.0, 0.0)

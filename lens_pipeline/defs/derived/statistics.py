@@ -12,7 +12,6 @@ catching up after an outage counts the pods that have ended since.
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,13 +22,17 @@ from lens_pipeline.collect.problems import MalformedObject, Problem
 from lens_pipeline.collect.statistics import (
     PodKey,
     PodSeries,
+    Span,
     Window,
     accumulate,
+    consumer_row,
     instant_utilization,
+    statistic_row,
+    utc_time,
     window_bounds,
     workload_window,
 )
-from lens_pipeline.collect.stored import stored_count, stored_figure, stored_text
+from lens_pipeline.collect.stored import stored_count
 from lens_pipeline.defs.collectors.common import ClusterTurn, check, prometheus_check
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
@@ -51,10 +54,6 @@ from lens_pipeline.store.statistics import (
     write_statistics,
 )
 from lens_pipeline.vendors import VendorProfile
-
-
-def _utc(t: float) -> datetime:
-    return datetime.fromtimestamp(t, UTC)
 
 
 def read_pod_series(
@@ -93,53 +92,6 @@ def _pod_keys(pods: Sequence[dict[str, Any]]) -> list[PodKey]:
     return [(p["namespace"], p["name"]) for p in pods]
 
 
-@dataclass(frozen=True)
-class Span:
-    """The window a statistics run read: its first and last points (unix times), whether Prometheus
-    answered for it, and the run's time."""
-
-    first: float
-    last: float
-    queried: bool
-    now: datetime
-
-
-def statistic_row(
-    cluster: str,
-    workload: dict[str, Any],
-    previous: dict[str, Any] | None,
-    window: Window,
-    instant: float | None,
-    span: Span,
-) -> dict[str, Any]:
-    """The workload's `workload_statistic` row with the window added (MalformedObject when a stored
-    value it reads is not what its column holds)."""
-    figures = accumulate(previous, window)
-    began = (
-        previous["stat_start_time"]
-        if previous
-        else _utc(window.steps[0].time if window.steps else span.first)
-    )
-    return {
-        "cluster_name": cluster,
-        "uid": workload["uid"],
-        "namespace": stored_text(workload, "namespace"),
-        "workload_name": stored_text(workload, "name"),
-        "workload_type": stored_text(workload, "kind"),
-        "instant_gpu_utilization": instant if instant is not None else 0.0,
-        **figures,
-        "stat_start_time": began,
-        "stat_end_time": _utc(span.last) if span.queried else (previous or {}).get("stat_end_time", span.now),
-        "allocated_gpu_count": float(stored_count(workload, "gpu_request")),
-        "workload_status": stored_text(workload, "status"),
-        "labels": workload["labels"] or {},
-        "annotations": workload["annotations"] or {},
-        "created_at": span.now,
-        "updated_at": span.now,
-        "last_query_time": _utc(span.last) if span.queried else (previous or {}).get("last_query_time"),
-    }
-
-
 @cluster_view(
     description="GPU utilization of every running workload (Lens `workload_statistic`): "
     "avg/p50/p90/p95/min/max/instant, GPU-seconds held and held idle.",
@@ -175,7 +127,7 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
         oldest=(now - timedelta(days=settings.history_days())).timestamp(),
     )
     with engine.connect() as conn:
-        pods_of = pods_of_workloads_between(conn, cluster.name, _utc(first), _utc(last + resolution))
+        pods_of = pods_of_workloads_between(conn, cluster.name, utc_time(first), utc_time(last + resolution))
     prom = turn.prometheus_reader()
     mark = turn.malformed_samples_mark()
     prom_error = "no prometheus_url in the registry" if prom is None else None
@@ -186,7 +138,7 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
         try:
             if last >= first:
                 series = read_pod_series(
-                    prom, profiles, _utc(first), _utc(last), resolution, config.idle_threshold_percent
+                    prom, profiles, utc_time(first), utc_time(last), resolution, config.idle_threshold_percent
                 )
             current = read_pod_now(prom, profiles)
         except PromError as exc:
@@ -259,8 +211,8 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
             "dagster/row_count": len(rows) if claimed else 0,
             "workloads": len(workloads),
             "window_already_added": not claimed,
-            "window_start": _utc(first).isoformat() if queried else "",
-            "window_end": _utc(last).isoformat() if queried else "",
+            "window_start": utc_time(first).isoformat() if queried else "",
+            "window_end": utc_time(last).isoformat() if queried else "",
             "window_points": int((last - first) // resolution) + 1 if queried else 0,
             # Behind by more than a run reads (after an outage): the next runs catch up.
             "seconds_behind": round(max(0.0, now.timestamp() - last - resolution), 3) if queried else 0,
@@ -297,24 +249,6 @@ CONSUMER_COLUMNS = (
     "active_pods",
     "idle_gpu_seconds",
 )
-
-
-def consumer_row(
-    workload: dict[str, Any], pods: list[dict[str, Any]], stat: dict[str, Any]
-) -> dict[str, Any]:
-    """A running top-level workload's `gpu_consumers` row from its running pods and its statistic."""
-    return {
-        "uid": workload["uid"],
-        "group_version": workload["group_version"],
-        "kind": stored_text(workload, "kind"),
-        "namespace": stored_text(workload, "namespace"),
-        "name": stored_text(workload, "name"),
-        "gpu_allocated": sum(stored_count(p, "gpu_allocated") for p in pods),
-        "gpu_utilization": stored_figure(stat, "instant_gpu_utilization") or 0.0,
-        "active_pods": len(pods),
-        "idle_gpu_seconds": stored_figure(stat, "idle_gpu_seconds", 0.0) or 0.0,
-        "source": workload["source"],
-    }
 
 
 @cluster_view(
