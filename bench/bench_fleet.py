@@ -7,8 +7,10 @@ the ingest sidecar and simulated node agents streaming every cluster's container
 samples every 5 s: the staleness of every cluster's overview (now - `cluster_overview_cache.updated_at`),
 how long acknowledged container events waited for their rows (the commit of the watermark that
 passed them - their arrival in the log), the CPU and memory of each role, and at the end the runs
-(and failed runs) and the growth of the Dagster instance and the Lens database per run.
-`--no-agents` leaves the API, the sidecar and the agents out (the earlier figures).
+per job (a minute, wall time, time from creation to start, failures) and the growth of the Dagster
+instance and the Lens database per run. `--no-agents` leaves the API, the sidecar and the agents
+out (the earlier figures). The hourly history's backfill of a new cluster's past days is a one-off
+(bench/bench_history.py measures it) left out by default: the window measures the steady state.
 
     .venv/bin/python bench/bench_fleet.py --clusters 30 --nodes 100 --minutes 8
 """
@@ -28,6 +30,7 @@ import time
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -140,6 +143,13 @@ def main() -> int:
         "--settle-minutes", type=float, default=6, help="longest wait for the first full round"
     )
     parser.add_argument(
+        "--history-backfill-days",
+        type=int,
+        default=0,
+        help="days of hourly history each new cluster backfills ($LENS_HISTORY_BACKFILL_DAYS; the "
+        "default 0 measures the steady state: each closed hour, at five past)",
+    )
+    parser.add_argument(
         "--clusters-per-run",
         type=int,
         default=None,
@@ -162,7 +172,12 @@ def main() -> int:
         env = dict(os.environ)
         if args.clusters_per_run is not None:
             env["LENS_CLUSTERS_PER_RUN"] = str(args.clusters_per_run)
-        print(f"clusters per run: {env.get('LENS_CLUSTERS_PER_RUN', 'default')}", flush=True)
+        env["LENS_HISTORY_BACKFILL_DAYS"] = str(args.history_backfill_days)
+        print(
+            f"clusters per run: {env.get('LENS_CLUSTERS_PER_RUN', 'default')}; hourly history "
+            f"backfilled {args.history_backfill_days} day(s) per new cluster",
+            flush=True,
+        )
         demo = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
         )
@@ -204,7 +219,7 @@ def main() -> int:
                     cpu[name].append(by_role_cpu[name])
                     rss[name].append(by_role_rss[name])
             runs = _finished_runs(home) - runs_before
-            durations, failed = _run_seconds(home, runs_before)
+            finished = _finished(home, runs_before)
             grown, db_grown = tree_size(home) - size_before, _db_size(lens_db) - db_before
             pending = events.pending()
         finally:
@@ -239,11 +254,7 @@ def main() -> int:
         )
     for command in sorted(others)[:5]:
         print(f"  (other: {command})")
-    if durations:
-        print(
-            f"run wall time (start to end): p50 {percentile(durations, 50):.1f} s, "
-            f"max {max(durations):.1f} s; failed runs {failed}"
-        )
+    _print_runs(finished, args.minutes)
     per_run = grown / runs if runs else 0.0
     per_cluster_day = per_run * 1440 * (runs / (args.clusters * args.minutes)) if runs else 0.0
     print(
@@ -252,6 +263,25 @@ def main() -> int:
         f"without retention); Lens database grew {db_grown / 2**20:.1f} MiB"
     )
     return 0
+
+
+def _print_runs(finished: list[Run], minutes: float) -> None:
+    """Run wall times and failures, then per job: runs a minute, wall time and time queued."""
+    if not finished:
+        return
+    print(
+        f"run wall time (start to end): p50 {percentile([r.wall for r in finished], 50):.1f} s, "
+        f"max {max(r.wall for r in finished):.1f} s; "
+        f"failed runs {sum(r.status != 'SUCCESS' for r in finished)}"
+    )
+    for job in sorted({r.job for r in finished}):
+        mine = [r for r in finished if r.job == job]
+        print(
+            f"  {job:28s} {len(mine) / minutes:5.1f} runs/min, wall p50 "
+            f"{percentile([r.wall for r in mine], 50):5.1f} s max {max(r.wall for r in mine):5.1f} s, "
+            f"queued p50 {percentile([r.queued for r in mine], 50):5.1f} s max "
+            f"{max(r.queued for r in mine):5.1f} s, failed {sum(r.status != 'SUCCESS' for r in mine)}"
+        )
 
 
 def _db_size(path: Path) -> int:
@@ -269,17 +299,28 @@ def _finished_runs(home: Path) -> int:
         return 0
 
 
-def _run_seconds(home: Path, skip: int) -> tuple[list[float], int]:
-    """Start-to-end seconds of the finished runs after the first `skip`, and how many failed."""
+class Run(NamedTuple):
+    job: str
+    status: str
+    queued: float  # seconds from the run's creation to its start (the run queue, the launch)
+    wall: float  # seconds from start to end
+
+
+def _finished(home: Path, skip: int) -> list[Run]:
+    """The finished runs after the first `skip`, in the order they were created."""
     try:
         with sqlite3.connect(f"file:{home / 'history' / 'runs.db'}?mode=ro", uri=True, timeout=5) as conn:
             rows = conn.execute(
-                "SELECT end_time - start_time, status FROM runs WHERE status IN ('SUCCESS', 'FAILURE', "
-                "'CANCELED') AND start_time IS NOT NULL AND end_time IS NOT NULL ORDER BY id"
+                "SELECT pipeline_name, status, create_timestamp, start_time, end_time FROM runs "
+                "WHERE status IN ('SUCCESS', 'FAILURE', 'CANCELED') AND start_time IS NOT NULL "
+                "AND end_time IS NOT NULL ORDER BY id"
             ).fetchall()[skip:]
     except sqlite3.Error:
-        return [], 0
-    return [r[0] for r in rows], sum(r[1] != "SUCCESS" for r in rows)
+        return []
+    return [
+        Run(job, status, start - _time(created).timestamp(), end - start)
+        for job, status, created, start, end in rows
+    ]
 
 
 if __name__ == "__main__":
