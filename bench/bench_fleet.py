@@ -280,7 +280,8 @@ def _print_runs(finished: list[Run], minutes: float) -> None:
             f"  {job:28s} {len(mine) / minutes:5.1f} runs/min, wall p50 "
             f"{percentile([r.wall for r in mine], 50):5.1f} s max {max(r.wall for r in mine):5.1f} s, "
             f"queued p50 {percentile([r.queued for r in mine], 50):5.1f} s max "
-            f"{max(r.queued for r in mine):5.1f} s, failed {sum(r.status != 'SUCCESS' for r in mine)}"
+            f"{max(r.queued for r in mine):5.1f} s, events p50 {percentile([r.events for r in mine], 50):.0f}, "
+            f"failed {sum(r.status != 'SUCCESS' for r in mine)}"
         )
 
 
@@ -304,6 +305,7 @@ class Run(NamedTuple):
     status: str
     queued: float  # seconds from the run's creation to its start (the run queue, the launch)
     wall: float  # seconds from start to end
+    events: int  # Dagster events the run wrote (each one write to the instance's event log)
 
 
 def _finished(home: Path, skip: int) -> list[Run]:
@@ -311,16 +313,25 @@ def _finished(home: Path, skip: int) -> list[Run]:
     try:
         with sqlite3.connect(f"file:{home / 'history' / 'runs.db'}?mode=ro", uri=True, timeout=5) as conn:
             rows = conn.execute(
-                "SELECT pipeline_name, status, create_timestamp, start_time, end_time FROM runs "
+                "SELECT run_id, pipeline_name, status, create_timestamp, start_time, end_time FROM runs "
                 "WHERE status IN ('SUCCESS', 'FAILURE', 'CANCELED') AND start_time IS NOT NULL "
                 "AND end_time IS NOT NULL ORDER BY id"
             ).fetchall()[skip:]
     except sqlite3.Error:
         return []
     return [
-        Run(job, status, start - _time(created).timestamp(), end - start)
-        for job, status, created, start, end in rows
+        Run(job, status, start - _time(created).timestamp(), end - start, _events(home, run_id))
+        for run_id, job, status, created, start, end in rows
     ]
+
+
+def _events(home: Path, run_id: str) -> int:
+    """The events in a run's own event log (SQLite storage keeps one file per run)."""
+    try:
+        with sqlite3.connect(f"file:{home / 'history' / 'runs' / f'{run_id}.db'}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT count(*) FROM event_logs").fetchone()[0]
+    except sqlite3.Error:
+        return 0
 
 
 if __name__ == "__main__":
