@@ -73,8 +73,8 @@ def run_tags(
     }
 
 
-# A collection run over a batch of 10 clusters of 100 nodes: ~1 CPU-second and ~300 MiB per cluster
-# (docs/SCALING.md); a run longer than 15 minutes is stuck. The automation sensor's runs (views of
+# A collection run over a batch of 10 clusters of 100 nodes: ~16 CPU-seconds with its start, about
+# 0.8 core while it works, 370-540 MiB (docs/SCALING.md); a run longer than 15 minutes is stuck. The automation sensor's runs (views of
 # a cluster after a manual run) are runs of the same assets.
 # A run whose worker died is run again; a failed batch is not (its healthy clusters are written, and
 # the schedule's next tick runs the failing cluster alone, with the op's retries: defs/batches.py).
