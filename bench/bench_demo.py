@@ -98,12 +98,14 @@ def main() -> int:
         tree = [demo, *psutil.Process(demo.pid).children(recursive=True)]
         time.sleep(20)  # let the first runs finish their checks
         os.killpg(demo.pid, signal.SIGINT)
+        interrupted = time.monotonic()
         code = demo.wait(timeout=120)
+        stopping = time.monotonic() - interrupted
         time.sleep(2)
         left = [p.pid for p in tree if psutil.pid_exists(p.pid) and p.status() != psutil.STATUS_ZOMBIE]
         print(f"demo command -> first overview: {first if first is None else round(first)} s")
         print(f"demo command -> every cluster's overview: {every if every is None else round(every)} s")
-        print(f"Ctrl-C: exit code {code}, processes left of {len(tree)}: {left}")
+        print(f"Ctrl-C: exit code {code} after {stopping:.1f} s, processes left of {len(tree)}: {left}")
         return 0 if every is not None and not left else 1
     finally:
         if not args.keep:

@@ -374,9 +374,7 @@ def _demo(args: argparse.Namespace) -> int:
         return 0
     finally:
         stopped.set()
-        for sidecar in sidecars:
-            _stop_process_tree(sidecar)
-        _stop_process_tree(process)
+        _stop_process_trees([*sidecars, process])
         server.stop()
 
 
@@ -487,17 +485,26 @@ def _feed_agents(fleet: object, grpc_port: int, http_port: int, stopped: threadi
 DAGSTER_DEV_SUPERSEDED = "ignore:Function `dev_command` is superseded"
 
 
-def _stop_process_tree(process: subprocess.Popen) -> None:
-    """SIGINT to `dagster dev` alone (it stops its webserver, daemon and code servers), then make
-    sure nothing of its process group outlives it."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
+def _stop_process_trees(processes: list[subprocess.Popen], grace_seconds: float = 30.0) -> None:
+    """SIGINT to each (`dagster dev` then stops its webserver, daemon and code servers; the sidecars
+    finish their open streams), all at once and within one grace period, so that a slow one does
+    not hold up the others' stop; then make sure nothing of their process groups outlives them."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + grace_seconds
+    for process in processes:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=30)
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
+        alive = False
+        for process in processes:
+            try:
+                os.killpg(process.pid, sig)
+                alive = True
+            except ProcessLookupError:
+                continue
+        if not alive:
             return
         time.sleep(2)
 
