@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -96,11 +97,19 @@ def main() -> int:
             if time.monotonic() > deadline:
                 break
         tree = [demo, *psutil.Process(demo.pid).children(recursive=True)]
+        # What the demo prints from now on is still read (a pipe nobody drains would block the demo
+        # at its next line), and shown once it has stopped.
+        later: list[str] = []
+        reader = threading.Thread(target=lambda: later.extend(demo.stdout or ()), daemon=True)
+        reader.start()
         time.sleep(20)  # let the first runs finish their checks
         os.killpg(demo.pid, signal.SIGINT)
         interrupted = time.monotonic()
         code = demo.wait(timeout=120)
         stopping = time.monotonic() - interrupted
+        reader.join(timeout=5)
+        for line in later[-20:]:
+            print(f"  after ready | {line.rstrip()}", flush=True)
         time.sleep(2)
         left = [p.pid for p in tree if psutil.pid_exists(p.pid) and p.status() != psutil.STATUS_ZOMBIE]
         print(f"demo command -> first overview: {first if first is None else round(first)} s")
