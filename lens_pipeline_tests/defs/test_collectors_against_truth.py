@@ -14,11 +14,11 @@ import pytest
 from dagster import instance_for_test
 from sqlalchemy import select
 
+from lens_pipeline.collect.problems import MalformedObject
 from lens_pipeline.defs import resources
 from lens_pipeline.defs.cluster_assets import COLLECTOR_KEYS
 from lens_pipeline.defs.collectors import common
 from lens_pipeline.defs.collectors import gpu_pods as gpu_pods_part
-from lens_pipeline.defs.collectors import gpu_workloads as gpu_workloads_part
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
 from lens_pipeline.kube.reader import KubeReader
@@ -217,8 +217,6 @@ def test_only_objects_whose_resource_version_moved_are_read_again(fleet_and_regi
     collect(cluster.name, registry, lens_url, instance)
     assert {r["uid"]: r["ip"] for r in table(lens_url, gpu_pods, cluster.name)}[running["uid"]] == "stale"
     monkeypatch.setattr(common, "rows_version", lambda: "other code")
-    for module in (gpu_pods_part, gpu_workloads_part):
-        monkeypatch.setattr(module, "rows_version", lambda: "other code")
     rebuilt = collect(cluster.name, registry, lens_url, instance)
     assert rebuilt["gpu_pods"]["pods_unchanged_since_stored"] == 0
     assert rebuilt["gpu_workloads"]["workloads_unchanged_since_stored"] == 0
@@ -226,6 +224,40 @@ def test_only_objects_whose_resource_version_moved_are_read_again(fleet_and_regi
     assert_matches_truth(lens_url, server, cluster.name)
     again = collect(cluster.name, registry, lens_url, instance)
     assert again["gpu_pods"]["pods_unchanged_since_stored"] == again["gpu_pods"]["dagster/row_count"]
+
+
+def test_a_stored_object_this_code_refuses_is_reported_at_every_run(
+    fleet_and_registry, sqlite_url, monkeypatch
+):
+    """Rows that earlier code stored for an object this code refuses stay as they were (nothing is
+    lost); they are not taken for this code's rows, so the unchanged object is read in full and
+    reported again at every run, not only at the first."""
+    fleet, _server, registry, instance = fleet_and_registry
+    cluster = fleet.clusters[0]
+    collect(cluster.name, registry, sqlite_url, instance)
+    stored = {r["uid"]: r for r in table(sqlite_url, gpu_pods, cluster.name)}
+    refused = sorted(stored)[0]
+    build = gpu_pods_part.gpu_pod_row
+
+    def stricter(pod):
+        if pod.uid == refused:
+            raise MalformedObject("a check this code adds")
+        return build(pod)
+
+    monkeypatch.setattr(gpu_pods_part, "gpu_pod_row", stricter)
+    monkeypatch.setattr(common, "rows_version", lambda: "stricter code")
+    for _ in range(2):
+        pods = collect(cluster.name, registry, sqlite_url, instance)["gpu_pods"]
+        assert pods["malformed_objects"] == 1
+        assert pods["pods_unchanged_since_stored"] == 0
+        assert pods["rows_built_by"].startswith("not recorded: 1 objects unreadable")
+        assert {r["uid"]: r for r in table(sqlite_url, gpu_pods, cluster.name)}[refused] == stored[refused]
+    monkeypatch.setattr(gpu_pods_part, "gpu_pod_row", build)  # readable again: recorded, fast again
+    assert (
+        collect(cluster.name, registry, sqlite_url, instance)["gpu_pods"]["rows_built_by"] == "stricter code"
+    )
+    again = collect(cluster.name, registry, sqlite_url, instance)["gpu_pods"]
+    assert again["pods_unchanged_since_stored"] == again["dagster/row_count"]
 
 
 def test_a_run_lists_each_kind_once(fleet_and_registry, sqlite_url):

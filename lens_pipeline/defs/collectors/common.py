@@ -10,7 +10,7 @@ snapshot of its Kubernetes objects.
 import functools
 import hashlib
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -93,6 +93,17 @@ def rows_version() -> str:
     for name in ROW_MODULES:
         digest.update(Path(importlib.import_module(name).__file__ or name).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def rows_built_by(unreadable: Collection[str]) -> str:
+    """What a `gpu_pods` / `gpu_workloads` materialization records as `rows_built_by`: this code's
+    `rows_version` when every object was readable. An unreadable object keeps its stored row as it
+    was, built by whatever code built it; were this code recorded, the next run would take that
+    row as this code's and the object, unchanged, would no longer be reported. So the next run
+    reads every object in full again, and reports it again, until it is readable or gone."""
+    if unreadable:
+        return f"not recorded: {len(unreadable)} objects unreadable, all read in full next run"
+    return rows_version()
 
 
 class StatisticsConfig(Config):

@@ -21,7 +21,7 @@ from lens_pipeline.defs.collectors.common import (
     ClusterTurn,
     CollectorRun,
     collector,
-    rows_version,
+    rows_built_by,
 )
 from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import TABLE_ROWS, markdown_table, sync_metadata
@@ -102,7 +102,7 @@ def gpu_pods(turn: ClusterTurn) -> MaterializeResult:
             "gpus_held_by_running_pods": sum(p.gpus for p in readable if p.running),
             **sync_metadata(written["gpu_pods"]),
             "pods_unchanged_since_stored": len(unchanged),
-            ROWS_BUILT_BY: rows_version(),
+            ROWS_BUILT_BY: rows_built_by(unreadable),
             "pod_resource_rows_written": written["pod_resource"].written,
             "pod_snapshots_written": written["pod_snapshot"],
             "pod_events_written": written["gpu_pods_event"],

@@ -23,7 +23,7 @@ from lens_pipeline.defs.collectors.common import (
     ClusterTurn,
     CollectorRun,
     collector,
-    rows_version,
+    rows_built_by,
 )
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
@@ -175,7 +175,7 @@ def gpu_workloads(turn: ClusterTurn) -> MaterializeResult:
             "workloads_unchanged_since_stored": len(unchanged),
             "pod_references_added": written["workload_pod_reference"],
             "workload_snapshots_written": written["gpu_workload_snapshot"],
-            ROWS_BUILT_BY: rows_version(),
+            ROWS_BUILT_BY: rows_built_by(unreadable),
             "top_level": markdown_table(top_level, TABLE_COLUMNS),
         },
         [run.readable_check("owner_chains_resolved")],
@@ -184,11 +184,10 @@ def gpu_workloads(turn: ClusterTurn) -> MaterializeResult:
 
 def _table_row(obj: dict, status: str, gpu_request: int) -> dict:
     """A workload of the `top_level` table whose row was not rebuilt."""
-    name = obj["metadata"].get("name")
     return {
         "kind": obj.get("kind"),
-        "namespace": workload_namespace(obj),
-        "name": name,
+        "namespace": workload_namespace(obj) or "",
+        "name": obj["metadata"].get("name") or "",  # sorted with the others: never None
         "status": status,
         "gpu_request": gpu_request,
         "parent_uid": "",
