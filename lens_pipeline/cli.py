@@ -232,6 +232,12 @@ def _demo(args: argparse.Namespace) -> int:
     from lens_pipeline.sim.registry import write_registry
     from lens_pipeline.sim.server import SimServer
 
+    # `kill`/`timeout` send SIGTERM: stop the whole tree as cleanly as on Ctrl-C. And Ctrl-C itself
+    # (SIGINT) even when a shell started us in the background, which hands a command SIGINT ignored
+    # (Python then leaves it so): `kill -INT` would do nothing, and the processes started below
+    # would inherit the ignored SIGINT that is to stop them. Set before any of them starts.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     taken = _taken_ports(
         {"--port": args.port, "--api-port": args.api_port, "--ingest-port": args.ingest_port}
     )
@@ -310,8 +316,6 @@ def _demo(args: argparse.Namespace) -> int:
         stdout=_log(logs["dagster"]),
         stderr=subprocess.STDOUT,
     )
-    # `kill`/`timeout` send SIGTERM: stop the whole tree as cleanly as on Ctrl-C.
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     sidecars: list[subprocess.Popen] = []
     try:
         lens = [sys.executable, "-c", "from lens_pipeline.cli import main; raise SystemExit(main())"]

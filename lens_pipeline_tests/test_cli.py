@@ -197,3 +197,57 @@ def test_the_demo_and_the_simulator_say_they_are_not_in_the_production_image(mon
         assert "no module lens_pipeline.sim" in error and "production image" in error
     monkeypatch.setattr(importlib.util, "find_spec", real)
     assert cli._simulator_missing() is None
+
+
+def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path):
+    """A shell starting a command in the background (`lens demo &`, nohup, CI scripts) hands it
+    SIGINT ignored, and Python leaves it so: `kill -INT` (Ctrl-C) must still stop the demo and
+    everything it started, promptly (its children would otherwise inherit the ignored signal)."""
+    import signal
+    import socket
+    import threading
+    import time
+
+    import psutil
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    lens = Path(sys.executable).with_name("lens")
+    command = [str(lens), "demo", "--clusters", "1", "--nodes", "2", "--state-dir", str(tmp_path / "demo")]
+    command += ["--port", str(free_port()), "--api-port", str(free_port()), "--ingest-port", str(free_port())]
+    demo = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(demo.stdout or ()), daemon=True).start()
+    tree: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 90
+        # dagster dev's webserver and daemon, and both sidecars, are up.
+        while time.monotonic() < deadline and demo.poll() is None:
+            tree = psutil.Process(demo.pid).children(recursive=True)
+            commands = " ".join(" ".join(p.cmdline()) for p in tree if p.is_running())
+            if all(w in commands for w in ("dagster._daemon", "dagster_webserver", " api ", " ingest ")):
+                break
+            time.sleep(1)
+        else:
+            raise AssertionError(f"the demo did not start everything: {''.join(lines)[-2000:]}")
+        started = time.monotonic()
+        os.kill(demo.pid, signal.SIGINT)
+        assert demo.wait(timeout=60) == 0, "".join(lines)[-2000:]
+        assert time.monotonic() - started < 40
+        time.sleep(2)
+        left = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert left == [], f"processes left: {left}"
+    finally:
+        for process in [*tree, psutil.Process(demo.pid) if demo.poll() is None else None]:
+            if process is not None and process.is_running():
+                process.kill()

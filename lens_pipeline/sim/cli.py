@@ -113,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ).start()
     # SIGTERM (docker stop, kill) ends the process as cleanly as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if a shell started us ignoring it
     try:
         if args.registry_out:
             print(f"registry: {write_registry(args.registry_out, server)}")
