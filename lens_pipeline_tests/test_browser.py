@@ -274,33 +274,6 @@ def test_a_backfill_over_every_cluster_is_cut_into_runs_the_backfill_page_shows(
     page.wait_for_text("gpu_nodes", "100% completed", "Partitions targeted")
 
 
-# Before the broken-cluster test: a cluster broken while its hours are computed fails them.
-def test_new_clusters_get_their_last_day_of_hours_as_one_backfill_the_page_shows(demo, browser):
-    """The hourly history's automation asks for every new cluster's missing hours of the last day
-    (the demo's `$LENS_HISTORY_BACKFILL_DAYS`) at once: one backfill, which completes, cut into runs
-    of at most `$LENS_HISTORY_PARTITIONS_PER_RUN` (cluster, hour) partitions."""
-    deadline = time.monotonic() + 300
-    while True:
-        backfills = graphql(demo.base, BACKFILLS)["partitionBackfillsOrError"]["results"]
-        ours = [
-            b
-            for b in backfills
-            if _tags(b).get("dagster/sensor_name") == "hourly_history_automation"
-            and b["numPartitions"] >= CLUSTERS * 23  # each cluster's day but the hour that just closed
-        ]
-        if ours and ours[-1]["status"] != "REQUESTED":
-            break
-        assert time.monotonic() < deadline, f"no history backfill completed: {backfills}"
-        time.sleep(3)
-    (history,) = ours[-1:]
-    assert history["status"] == "COMPLETED_SUCCESS", history
-    runs = graphql(demo.base, BACKFILL, {"id": history["id"]})["partitionBackfillOrError"]["runs"]
-    assert runs and all(_tags(r).get("lens/history") == "hourly" for r in runs)
-    page = Page(browser)
-    browser.get(f"{demo.base}/runs/b/{history['id']}")
-    page.wait_for_text("cluster_gpu_hourly_stats", "workload_gpu_hourly_stats", "100% completed")
-
-
 def test_a_cluster_broken_inside_a_batch_shows_red_and_the_batch_other_cluster_green(demo, browser):
     order = _partitions(demo.base)
     first, broken, alone = order  # the schedule's batches: (first, broken), (alone)
@@ -341,3 +314,29 @@ def test_a_cluster_broken_inside_a_batch_shows_red_and_the_batch_other_cluster_g
 
 BACKFILLS = """{ partitionBackfillsOrError(limit: 50) { ... on PartitionBackfills { results { id status
   numPartitions tags { key value } } } } }"""
+
+
+def test_new_clusters_get_their_last_day_of_hours_as_one_backfill_the_page_shows(demo, browser):
+    """The hourly history's automation asks for every new cluster's missing hours of the last day
+    (the demo's `$LENS_HISTORY_BACKFILL_DAYS`) at once: one backfill, which completes, cut into runs
+    of at most `$LENS_HISTORY_PARTITIONS_PER_RUN` (cluster, hour) partitions."""
+    deadline = time.monotonic() + 300
+    while True:
+        backfills = graphql(demo.base, BACKFILLS)["partitionBackfillsOrError"]["results"]
+        ours = [
+            b
+            for b in backfills
+            if _tags(b).get("dagster/sensor_name") == "hourly_history_automation"
+            and b["numPartitions"] >= CLUSTERS * 23  # each cluster's day but the hour that just closed
+        ]
+        if ours and ours[-1]["status"] != "REQUESTED":
+            break
+        assert time.monotonic() < deadline, f"no history backfill completed: {backfills}"
+        time.sleep(3)
+    (history,) = ours[-1:]
+    assert history["status"] == "COMPLETED_SUCCESS", history
+    runs = graphql(demo.base, BACKFILL, {"id": history["id"]})["partitionBackfillOrError"]["runs"]
+    assert runs and all(_tags(r).get("lens/history") == "hourly" for r in runs)
+    page = Page(browser)
+    browser.get(f"{demo.base}/runs/b/{history['id']}")
+    page.wait_for_text("cluster_gpu_hourly_stats", "workload_gpu_hourly_stats", "100% completed")
