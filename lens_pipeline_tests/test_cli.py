@@ -204,16 +204,12 @@ def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path
     SIGINT ignored, and Python leaves it so: `kill -INT` (Ctrl-C) must still stop the demo and
     everything it started, promptly (its children would otherwise inherit the ignored signal)."""
     import signal
-    import socket
     import threading
     import time
 
     import psutil
 
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
+    from lens_pipeline_tests.ingest.support import free_port
 
     lens = Path(sys.executable).with_name("lens")
     command = [str(lens), "demo", "--clusters", "1", "--nodes", "2", "--state-dir", str(tmp_path / "demo")]
