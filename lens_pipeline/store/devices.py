@@ -86,7 +86,7 @@ def write_devices(
             [{**scope, **r, "node_id": ids.get(r["node_name"]), "deleted_at": None} for r in nics],
             now=now,
             on_vanish={"deleted_at": now},
-            vanish_filter=lambda record: record["deleted_at"] is None,
+            may_vanish=rdma_device.c.deleted_at.is_(None),
             protect=[(cluster_name, *k) for k in kept_nics],
         )
     bulk_upsert(

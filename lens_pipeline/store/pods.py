@@ -178,7 +178,7 @@ def write_pods(
         [{**scope, **r} for r in resources],
         now=now,
         on_vanish={"end_at": now},
-        vanish_filter=lambda stored: stored["end_at"] is None,
+        may_vanish=pod_resource.c.end_at.is_(None),
         protect=protect,
         unchanged=None if unchanged is None else {(cluster_name, u): (m,) for u, m in unchanged.items()},
         unchanged_columns=("gpu_model",),

@@ -194,7 +194,7 @@ def write_node_statistics(
         now=now,
         compare=("gpu_utilization", "deleted_at"),
         on_vanish={"deleted_at": now},
-        vanish_filter=lambda stored: stored["deleted_at"] is None,
+        may_vanish=node_statistic.c.deleted_at.is_(None),
     )
 
 

@@ -29,5 +29,5 @@ def write_storage(
         [{**scope, **r} for r in rows],
         now=now,
         on_vanish="keep" if keep_all else {"deleted_at": now},
-        vanish_filter=lambda record: record["deleted_at"] is None,
+        may_vanish=storage.c.deleted_at.is_(None),
     )

@@ -29,6 +29,7 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
+    case,
     delete,
     func,
     not_,
@@ -414,7 +415,7 @@ def sync_snapshot(
     compare: Sequence[str] | None = None,
     on_vanish: Vanish = "delete",
     protect: Iterable[tuple] = (),
-    vanish_filter: Callable[[Row], bool] | None = None,
+    may_vanish: ColumnElement[bool] | None = None,
     extra_columns: Sequence[str] = (),
     settled: ColumnElement[bool] | None = None,
     unchanged: Mapping[tuple, tuple] | None = None,
@@ -427,8 +428,9 @@ def sync_snapshot(
     - Stored keys absent from `rows` have vanished: deleted, left alone (`"keep"`), or updated
       with a mapping of column values (e.g. `{"deleted": True}`), or with a function of the stored
       row. Keys in `protect` (objects seen but unreadable this run) never count as vanished, nor do
-      stored rows for which `vanish_filter` is false (e.g. already marked). `extra_columns` are read
-      from the stored rows for `on_vanish` and `vanish_filter` without being compared.
+      stored rows that do not match `may_vanish` (e.g. already marked: a condition, so that the
+      database, not this process, sets aside the rows marked in earlier runs). `extra_columns` are
+      read from the stored rows for `on_vanish` without being compared.
     - Stored rows matching `settled` (e.g. pods marked deleted, which pile up) are not read back
       every run; a row seen again whose key is among them is fetched by its key, so it is
       compared and updated like any other.
@@ -445,7 +447,7 @@ def sync_snapshot(
             scope,
             rows,
             now,
-            _SyncRules(compare, on_vanish, protect, vanish_filter, extra_columns, settled),
+            _SyncRules(compare, on_vanish, protect, may_vanish, extra_columns, settled),
             unchanged,
             tuple(unchanged_columns),
         )
@@ -498,26 +500,46 @@ class _SyncRules:
     compare: Sequence[str] | None
     on_vanish: Vanish
     protect: Iterable[tuple]
-    vanish_filter: Callable[[Row], bool] | None
+    may_vanish: ColumnElement[bool] | None
     extra_columns: Sequence[str]
     settled: ColumnElement[bool] | None
 
 
 class _Stored:
     """The stored rows of one sync's scope that it reads: whole (key, compared and extra columns, as
-    tuples: at 100k rows, a dict per row was a good part of a no-change run), by key when asked."""
+    tuples: at 100k rows, a dict per row was a good part of a no-change run), by key when asked.
+    With `may_vanish`, each read also asks the database whether the row matches it: `vanishable`
+    holds the keys of those that do."""
 
-    def __init__(self, conn: Connection, table: Table, scope: Mapping[str, Any], columns: list[str]) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        table: Table,
+        scope: Mapping[str, Any],
+        columns: list[str],
+        may_vanish: ColumnElement[bool] | None,
+    ) -> None:
         self.conn, self.table, self.columns = conn, table, columns
         self.key = logical_key(table)
         self.where = and_(*(table.c[k] == v for k, v in scope.items()))
-        self.query = select(*(table.c[c] for c in columns))
+        self.flag = () if may_vanish is None else (case((may_vanish, 1), else_=0),)
+        self.query = select(*(table.c[c] for c in columns), *self.flag)
         self.rows: dict[tuple, tuple] = {}
+        self.vanishable: set[tuple] = set()
+
+    def may_vanish(self, row_key: tuple) -> bool:
+        return not self.flag or row_key in self.vanishable
 
     def read(self, condition: ColumnElement[bool]) -> None:
         width = len(self.key)
         for record in read_rows(self.conn, self.query.where(self.where, condition)):
-            self.rows[record[:width]] = record
+            row_key = record[:width]
+            if self.flag:
+                *values, flag = record
+                record = tuple(values)
+                if flag:
+                    self.vanishable.add(row_key)
+            self.rows[row_key] = record
 
     def read_keys(self, keys: Sequence[tuple]) -> None:
         key_expr = tuple_(*(self.table.c[k] for k in self.key))
@@ -526,9 +548,14 @@ class _Stored:
 
     def brief(self, condition: ColumnElement[bool], columns: Sequence[str]) -> dict[tuple, tuple]:
         """key -> values of `columns` of the rows matching `condition`."""
-        width = len(self.key)
-        query = select(*(self.table.c[c] for c in [*self.key, *columns])).where(self.where, condition)
-        return {record[:width]: record[width:] for record in read_rows(self.conn, query)}
+        width, end = len(self.key), len(self.key) + len(columns)
+        query = select(*(self.table.c[c] for c in [*self.key, *columns]), *self.flag)
+        brief = {}
+        for record in read_rows(self.conn, query.where(self.where, condition)):
+            brief[record[:width]] = record[width:end]
+            if self.flag and record[end]:
+                self.vanishable.add(record[:width])
+        return brief
 
     def count(self, condition: ColumnElement[bool]) -> int:
         return (
@@ -552,12 +579,13 @@ def _sync(
     key = logical_key(table)
     if rules.compare is None:
         # The rows' own columns; with no row at all, every column, so that what decides about the
-        # rows that vanished (`vanish_filter`, `on_vanish`) can read any of them.
+        # rows that vanished (`on_vanish`) can read any of them.
         columns = rows[0] if rows else [c.name for c in table.c]
         compare = [c for c in columns if c not in key]
     else:
         compare = list(rules.compare)
-    stored = _Stored(conn, table, scope, list(dict.fromkeys([*key, *compare, *rules.extra_columns])))
+    columns = list(dict.fromkeys([*key, *compare, *rules.extra_columns]))
+    stored = _Stored(conn, table, scope, columns, rules.may_vanish)
     live = true() if rules.settled is None else not_(rules.settled)
     key_of = _getter(key)
     row_keys = list(map(key_of, rows))
@@ -596,14 +624,19 @@ def _sync(
 
     protected = set(rules.protect)
     if unchanged is not None:
-        missing = [k for k in brief if k not in seen and k not in protected and k not in stored.rows]
+        # Only the rows that may vanish are read whole: not the ones marked in earlier runs.
+        missing = [
+            k
+            for k in brief
+            if k not in seen and k not in protected and k not in stored.rows and stored.may_vanish(k)
+        ]
         stored.read_keys(missing)
     gone = {
         k: dict(zip(stored.columns, record, strict=True))
         for k, record in stored.rows.items()
-        if k not in seen and k not in protected
+        if k not in seen and k not in protected and stored.may_vanish(k)
     }
-    vanished = [k for k, record in gone.items() if rules.vanish_filter is None or rules.vanish_filter(record)]
+    vanished = list(gone)
     result.vanished = vanished
     if vanished and rules.on_vanish != "keep":
         _apply_vanish(conn, table, key, vanished, gone, rules.on_vanish, now, "updated_at" in table.c)

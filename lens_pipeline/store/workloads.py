@@ -95,7 +95,7 @@ def write_workloads(
         rows,
         now=now,
         on_vanish=lambda record: {"status": "Deleted", "end_at": record["end_at"] or now},
-        vanish_filter=lambda record: record["status"] != "Deleted",
+        may_vanish=gpu_workload.c.status.is_distinct_from("Deleted"),
         extra_columns=("end_at",),
         protect=[(cluster_name, uid) for uid in unreadable],
         unchanged=dynamic,

@@ -27,6 +27,7 @@ from lens_pipeline.store.schema import (
     logical_key,
     node,
     node_statistic,
+    storage,
 )
 from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
 from lens_pipeline_tests.conftest import _server_database
@@ -285,6 +286,57 @@ def test_rows_said_unchanged_are_compared_only_in_the_columns_given(lens_url):
 
     with pytest.raises(RuntimeError, match="said unchanged"), write_transaction(engine) as conn:
         sync_snapshot(conn, node, scope, [], now=later, unchanged={("c1", "zz"): ()})
+
+
+def test_rows_marked_in_earlier_runs_are_neither_vanished_again_nor_read_back(lens_url):
+    """`may_vanish` is asked of the database: thousands of rows marked gone in earlier runs are set
+    aside by the query, not read back by key each run to be found already marked (on SQLite the
+    statements are counted: as many with 2,500 marked rows as with none)."""
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    scope = {"cluster_name": "c1"}
+
+    def row(name: str) -> dict:
+        return {"cluster_name": "c1", "kind": "nfs", "name": name, "status": "Healthy"}
+
+    def sync(conn, rows, now, unchanged=None):
+        return sync_snapshot(
+            conn,
+            storage,
+            scope,
+            rows,
+            now=now,
+            compare=["kind", "status"],
+            on_vanish={"deleted_at": now},
+            may_vanish=storage.c.deleted_at.is_(None),
+            unchanged=unchanged,
+            unchanged_columns=("status",),
+        )
+
+    def selects(marked: int, start: datetime) -> int:
+        names = [f"gone-{marked}-{n}" for n in range(marked)]
+        later = start + timedelta(minutes=1)
+        with write_transaction(engine) as conn:
+            sync(conn, [row(n) for n in ["a", "b", "c", *names]], start)
+        with write_transaction(engine) as conn:
+            assert len(sync(conn, [row("a"), row("b"), row("c")], later).vanished) == marked
+        statements: list[str] = []
+        with write_transaction(engine) as conn:
+            if conn.dialect.name == "sqlite":
+                conn.connection.dbapi_connection.set_trace_callback(statements.append)
+            unchanged = {("c1", "nfs", "a"): ("Healthy",), ("c1", "nfs", "b"): ("Degraded",)}
+            result = sync(conn, [], later + timedelta(minutes=1), unchanged)  # c is gone now
+            if conn.dialect.name == "sqlite":
+                conn.connection.dbapi_connection.set_trace_callback(None)
+        assert result.vanished == [("c1", "nfs", "c")] and result.updated == [("c1", "nfs", "b")]
+        with write_transaction(engine) as conn:  # the whole read: the marked rows stay as they were
+            assert sync(conn, [row("a"), row("b")], later + timedelta(minutes=2)).vanished == []
+        with engine.connect() as conn:
+            conn.execute(storage.delete())
+            conn.commit()
+        return sum(s.lstrip().upper().startswith("SELECT") for s in statements)
+
+    assert selects(2500, T0) == selects(0, T0 + timedelta(hours=1))
 
 
 def test_sync_snapshot_marks_instead_of_deleting(sqlite_url):
