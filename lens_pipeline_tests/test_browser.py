@@ -233,6 +233,8 @@ RUNS = """{ runsOrError(limit: 200) { ... on Runs { results { runId status jobNa
   tags { key value } } } } }"""
 BACKFILL = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
   ... on PartitionBackfill { status runs(limit: 50) { runId status tags { key value } } } } }"""
+# A backfill has ended in these (CANCELING and FAILING have not).
+ENDED = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 LAUNCH = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
   __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
 
@@ -278,7 +280,7 @@ def test_a_backfill_over_every_cluster_is_cut_into_runs_the_backfill_page_shows(
     deadline = time.monotonic() + 240
     while True:
         backfill = graphql(demo.base, BACKFILL, {"id": backfill_id})["partitionBackfillOrError"]
-        if backfill["status"] not in ("REQUESTED",):
+        if backfill["status"] in ENDED:
             break
         assert time.monotonic() < deadline, backfill
         time.sleep(2)
@@ -309,7 +311,7 @@ def _history_backfill(base: str, timeout: float = 420) -> dict:
             if _tags(b).get("dagster/sensor_name") == "hourly_history_automation"
             and b["numPartitions"] >= CLUSTERS * 23  # each cluster's day but the hour that just closed
         ]
-        if ours and ours[0]["status"] != "REQUESTED":  # newest first
+        if ours and ours[0]["status"] in ENDED:  # newest first
             return ours[0]
         assert time.monotonic() < deadline, f"no history backfill ended: {backfills}"
         time.sleep(3)

@@ -535,8 +535,7 @@ class _Stored:
         for record in read_rows(self.conn, self.query.where(self.where, condition)):
             row_key = record[:width]
             if self.flag:
-                *values, flag = record
-                record = tuple(values)
+                flag, record = record[-1], record[:-1]
                 if flag:
                     self.vanishable.add(row_key)
             self.rows[row_key] = record
