@@ -230,9 +230,10 @@ def test_a_cluster_partition_materialized_from_the_ui_succeeds(demo, browser):
 
 
 RUNS = """{ runsOrError(limit: 200) { ... on Runs { results { runId status jobName creationTime
-  tags { key value } } } } }"""
+  startTime endTime tags { key value } } } } }"""
 BACKFILL = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
   ... on PartitionBackfill { status runs(limit: 50) { runId status tags { key value } } } } }"""
+TIMES = ("creationTime", "startTime", "endTime")  # each run's, in seconds after the change
 # A backfill has ended in these (CANCELING and FAILING have not).
 ENDED = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
 LAUNCH = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
@@ -334,21 +335,28 @@ def test_a_cluster_broken_inside_a_batch_shows_red_and_the_batch_other_cluster_g
     registry.write_text(yaml.safe_dump(document, sort_keys=False))
     try:
         deadline = time.monotonic() + 420  # a slow machine's queue may hold the batch minutes
-        while True:  # the schedule's next batch over (first, broken) fails
+        while True:  # a batch over (first, broken) that reads the registry after the change fails
             runs = graphql(demo.base, RUNS)["runsOrError"]["results"]
+            collections = [r for r in runs if r["jobName"] == "collect_cluster"]
             batches = [
                 r
-                for r in runs
-                if r["jobName"] == "collect_cluster"
-                and float(r["creationTime"]) > broken_at
-                and r["status"] in ("SUCCESS", "FAILURE")
+                for r in collections
+                if r["status"] in ("SUCCESS", "FAILURE")
+                and (r["endTime"] or 0) > broken_at
                 and _covers(_tags(r), order) == [first, broken]
             ]
-            if batches:
+            # It may be a run queued before the change and started after it (a run reads the
+            # registry as it runs): after it, the schedule runs the failing cluster alone.
+            if any(r["status"] == "FAILURE" for r in batches):
                 break
-            assert time.monotonic() < deadline, "no scheduled batch over the broken cluster finished"
+            started_after = [r for r in batches if (r["startTime"] or 0) > broken_at]
+            assert not started_after, f"a batch started after the change succeeded: {started_after}"
+            seen = [
+                (_covers(_tags(r), order), r["status"], *(round((r[t] or 0) - broken_at) for t in TIMES))
+                for r in collections[:12]
+            ]
+            assert time.monotonic() < deadline, f"no batch over the broken cluster failed; runs {seen}"
             time.sleep(2)
-        assert batches[-1]["status"] == "FAILURE"
 
         page = Page(browser)
         for asset in ("gpu_nodes", "cluster_overview_cache"):  # the collector and an asset below it
