@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 import yaml
 
 from lens_pipeline_tests.conftest import skip_unless
+from lens_pipeline_tests.ingest.support import free_port
 
 pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -38,12 +38,6 @@ CLUSTERS, PER_RUN = 3, 2
 class Demo:
     base: str
     state: Path
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def graphql(base: str, query: str, variables: dict | None = None) -> dict:
@@ -67,7 +61,7 @@ def _partitions(base: str) -> list[str]:
 def demo(tmp_path_factory) -> Iterator[Demo]:
     skip_unless(bool(CHROMIUM and CHROMEDRIVER), "Debian's chromium and chromium-driver are not installed")
     pytest.importorskip("selenium", reason="selenium is in the test extras")
-    port = _free_port()
+    port = free_port()
     state = tmp_path_factory.mktemp("demo")
     lens = Path(sys.executable).with_name("lens")
     command = [str(lens), "demo", "--clusters", str(CLUSTERS), "--nodes", "8", "--port", str(port)]

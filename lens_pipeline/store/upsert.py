@@ -622,18 +622,15 @@ def _sync(
         _write_unchanged(conn, table, key, unchanged, unchanged_columns, brief, now, result)
 
     protected = set(rules.protect)
+
+    def vanishes(k: tuple) -> bool:
+        return k not in seen and k not in protected and stored.may_vanish(k)
+
     if unchanged is not None:
         # Only the rows that may vanish are read whole: not the ones marked in earlier runs.
-        missing = [
-            k
-            for k in brief
-            if k not in seen and k not in protected and k not in stored.rows and stored.may_vanish(k)
-        ]
-        stored.read_keys(missing)
+        stored.read_keys([k for k in brief if k not in stored.rows and vanishes(k)])
     gone = {
-        k: dict(zip(stored.columns, record, strict=True))
-        for k, record in stored.rows.items()
-        if k not in seen and k not in protected and stored.may_vanish(k)
+        k: dict(zip(stored.columns, record, strict=True)) for k, record in stored.rows.items() if vanishes(k)
     }
     vanished = list(gone)
     result.vanished = vanished
