@@ -167,11 +167,9 @@ def _cluster_turn(
     # envelope). The collector is back at work once they are let go.
     with paused_gc(freeze=False):
         try:
+            # Prometheus evaluates the parts' queries while the Kubernetes objects are listed.
+            turn.ask_ahead(selected)
             for index, part in enumerate(selected):
-                # Prometheus evaluates the next part's queries while this part works.
-                turn.prefetch(
-                    [p for p in selected[index : index + 2] if not broken & {d.key for d in p.deps}]
-                )
                 upstream = [d.key for d in part.deps if d.key in broken]
                 if upstream:
                     broken.add(part.key)
@@ -183,9 +181,15 @@ def _cluster_turn(
                     broken.add(part.key)
                     report.failed(name, part.key, f"{type(exc).__name__}: {exc}")
                     turn.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
+                    turn.forget([p for p in selected[index + 1 :] if _below(p, part.key)])
                     continue
                 done.append(part.key)
                 yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
                 report.checked(name, part.key, result.check_results or ())
         finally:
             turn.release()
+
+
+def _below(part: ClusterPart, key: str) -> bool:
+    """Whether `part` reads, directly or through other parts, the part named `key`."""
+    return any(d.key == key or _below(d, key) for d in part.deps)

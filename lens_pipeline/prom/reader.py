@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import requests
@@ -22,6 +23,8 @@ from lens_pipeline.retry import PROM_REQUEST, PROM_RETRIES
 LOOKBACK_SECONDS = 600.0
 # The label `series_counts` tags each selector's count with (no exporter writes it).
 SELECTOR_TAG = "lens_selector"
+
+T = TypeVar("T")
 
 
 # Examples of skipped samples kept per reader (the count has no limit).
@@ -72,6 +75,7 @@ class PromReader:
     _session: requests.Session | None = field(default=None, repr=False)
     _early: dict[str, Future[tuple[list[Sample], list[str]]]] = field(default_factory=dict, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
+    _closed: bool = field(default=False, repr=False)
 
     @property
     def client(self) -> PrometheusConnect:
@@ -114,20 +118,39 @@ class PromReader:
     def prefetch(self, queries: Sequence[str]) -> None:
         """Start asking `queries` (instant, in this order, one at a time) in the background."""
         fresh = [q for q in dict.fromkeys(queries) if q not in self._early]
-        if not fresh:
+        if not fresh or self._closed:
             return
         try:
             self._connect(fresh[0])  # made here, not raced for by the two threads
         except PromError:
             return  # `vector` raises it, query by query
+        for query in fresh:
+            self._early[query] = self._background().submit(self._vector, query)
+
+    def in_background(self, work: Callable[[], T]) -> Future[T]:
+        """Run `work` on the thread that asks the prefetched queries, after those asked so far; what
+        it prefetches is asked after it."""
+        with contextlib.suppress(PromError):  # a bad URL is `work`'s own error
+            self._connect("")  # made here, not raced for by the two threads
+        return self._background().submit(work)
+
+    def forget(self, queries: Sequence[str]) -> None:
+        """Drop the prefetched answers of `queries` nobody will take: those not yet sent are not sent."""
+        for query in queries:
+            early = self._early.pop(query, None)
+            if early is not None:
+                early.cancel()
+
+    def _background(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"prom-{self.cluster}")
-        for query in fresh:
-            self._early[query] = self._pool.submit(self._vector, query)
+        return self._pool
 
     def close(self) -> None:
         """Drop the prefetched answers nobody took: queries not yet sent are not sent, and the
-        connections are closed (a request under way fails instead of running on)."""
+        connections are closed (a request under way fails instead of running on). Nothing is asked
+        ahead after (what is asked directly opens new connections)."""
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -3,7 +3,9 @@ HTTP, and the collectors' run asking each query once with the answers of a direc
 
 from __future__ import annotations
 
+import threading
 import time
+from urllib.parse import unquote_plus
 
 import pytest
 from dagster import instance_for_test
@@ -156,5 +158,30 @@ def test_a_run_asks_each_query_once(sim, tmp_path, monkeypatch):
     assert asked == {"gpu_nodes": 1, "gpu_pods": 0, "gpu_devices": 3 + len(PROFILE.device_metrics)}
     # Before them, once for the turn: the exporters' dialect.
     assert _asked(fleet) == sum(asked.values()) + DIALECT_REQUESTS
-    # gpu_devices' queries were asked while gpu_pods worked, before gpu_devices asked for them.
-    assert set(device_queries(shipped_dialect("amd"))) <= set(asked_ahead)
+    # Every query was asked ahead, at the start of the turn: the dialect first, then gpu_nodes'
+    # query and gpu_devices', in the order of the parts.
+    nodes_query = PROFILE.node_utilization_query()
+    assert asked_ahead == [nodes_query, *device_queries(shipped_dialect("amd"))]
+    recent = fleet.cluster(AMD).request_log.as_json()["recent"]
+    prometheus = [unquote_plus(line.split(" ")[1]) for line in recent if " /prometheus/" in line]
+    assert len(prometheus) == len(asked_ahead) + DIALECT_REQUESTS
+    assert [line.partition("query=")[2] for line in prometheus[DIALECT_REQUESTS:]] == asked_ahead
+
+
+def test_forgotten_queries_are_not_asked(sim):
+    """A query asked ahead for a part that will not run (its upstream failed) is dropped unasked."""
+    fleet, server, _registry = sim
+    fleet.cluster(AMD).request_log.reset()
+    reader = _reader(server)
+    hold = threading.Event()
+    held = reader.in_background(hold.wait)  # the queries asked ahead wait behind it
+    kept, dropped = PROFILE.identity_query(), PROFILE.node_utilization_query()
+    reader.prefetch([kept, dropped])
+    reader.forget([dropped])
+    hold.set()
+    held.result(timeout=10)
+    assert reader.vector(kept)
+    assert _asked(fleet) == 1
+    assert reader.vector(dropped)  # asked now, by the part that does run after all
+    assert _asked(fleet) == 2
+    reader.close()

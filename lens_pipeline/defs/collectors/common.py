@@ -11,6 +11,7 @@ import functools
 import hashlib
 import importlib
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,6 +145,7 @@ class ClusterTurn:
     _prometheus_reader: PromReader | None = field(default=None, init=False, repr=False)
     _dialect: Dialect | None = field(default=None, init=False, repr=False)
     _dialect_error: str | None = field(default=None, init=False, repr=False)
+    _ahead: Future[None] | None = field(default=None, init=False, repr=False)
 
     @property
     def log(self) -> Any:
@@ -161,17 +163,54 @@ class ClusterTurn:
         its Prometheus (a few cheap requests), with the registry's overrides. When Prometheus cannot
         be asked, the shipped names: the queries then fail and say so."""
         if self._dialect is None:
-            overrides = self.cluster.exporter_overrides
-            reader = self.prometheus_reader()
-            if reader is None:
-                self._dialect = shipped_dialect(self.cluster.vendor, overrides)
+            if self._ahead is not None:
+                self._ahead.result()  # learned in the background (`ask_ahead`), its queries asked
             else:
-                try:
-                    self._dialect = read_dialect(reader, self.cluster.vendor, overrides)
-                except PromError as exc:
-                    self._dialect_error = str(exc)
-                    self._dialect = shipped_dialect(self.cluster.vendor, overrides)
+                self._learn_dialect(self.prometheus_reader())
+        assert self._dialect is not None
         return self._dialect
+
+    def _learn_dialect(self, reader: PromReader | None) -> Dialect:
+        overrides = self.cluster.exporter_overrides
+        dialect = shipped_dialect(self.cluster.vendor, overrides)
+        if reader is not None:
+            try:
+                dialect = read_dialect(reader, self.cluster.vendor, overrides)
+            except PromError as exc:
+                self._dialect_error = str(exc)
+        self._dialect = dialect
+        return dialect
+
+    def ask_ahead(self, parts: Sequence["ClusterPart"]) -> None:
+        """At the start of the turn, in the background: the exporters' dialect learned, then every
+        instant query of `parts` asked, in order, so that Prometheus evaluates them while the
+        Kubernetes objects are listed and written (at the envelope, the dialect's requests and the
+        answers `gpu_devices` waited for were 5-6 s of a no-change run). `forget` drops the queries
+        of parts that will not run."""
+        reader = self.prometheus_reader()
+        if reader is None or self._ahead is not None:
+            return
+
+        def learn_and_ask() -> None:
+            # On a reader of its own: the dialect's requests are no part's, in any part's counts.
+            learner = self.prometheus.reader(self.cluster)
+            try:
+                dialect = self._learn_dialect(learner)
+            finally:
+                if learner is not None:
+                    learner.close()
+            try:
+                reader.prefetch([q for part in parts for q in part.queries(dialect)])
+            except Exception as exc:  # each part meets the same error when it asks, and reports it
+                self.log.debug(f"cluster {self.cluster.name}: no Prometheus queries asked ahead: {exc}")
+
+        self._ahead = reader.in_background(learn_and_ask)
+
+    def forget(self, parts: Sequence["ClusterPart"]) -> None:
+        """The queries asked ahead for `parts`, which will not run (their upstream failed), not asked."""
+        reader = self.prometheus_reader()
+        if reader is not None and self._dialect is not None:
+            reader.forget([q for part in parts for q in part.queries(self._dialect)])
 
     def dialect_metadata(self) -> dict[str, Any]:
         """The dialect as run metadata: what each exporter's series look like, and what is missing."""
@@ -185,18 +224,6 @@ class ClusterTurn:
         """Where the turn's count of malformed Prometheus samples stands (see `prometheus_check`)."""
         reader = self.prometheus_reader()
         return reader.malformed_samples if reader is not None else 0
-
-    def prefetch(self, parts: Sequence["ClusterPart"]) -> None:
-        """Have Prometheus evaluate the instant queries `parts` will ask while other parts work: at
-        the envelope, 2-3 s a run that was spent waiting for `gpu_devices`' answers."""
-        try:
-            reader = self.prometheus_reader()
-            if reader is not None:
-                reader.prefetch(
-                    [q for part in parts if part.prometheus_queries for q in part.prometheus_queries(self)]
-                )
-        except Exception as exc:  # the part itself meets the same error and reports it
-            self.log.debug(f"cluster {self.cluster.name}: no Prometheus queries asked ahead: {exc}")
 
     def release(self) -> None:
         """The end of the cluster's turn: its listed objects and unused answers are let go."""
@@ -243,8 +270,12 @@ class ClusterPart:
     deps: tuple["ClusterPart", ...]
     compute: Callable[[ClusterTurn], MaterializeResult]
     automation_condition: AutomationCondition | None = None
-    # The instant PromQL queries `compute` will ask, asked ahead by `ClusterTurn.prefetch`.
-    prometheus_queries: Callable[[ClusterTurn], list[str]] | None = None
+    # The instant PromQL queries `compute` will ask in a cluster of this dialect, asked ahead by
+    # `ClusterTurn.ask_ahead`.
+    prometheus_queries: Callable[[Dialect], list[str]] | None = None
+
+    def queries(self, dialect: Dialect) -> list[str]:
+        return self.prometheus_queries(dialect) if self.prometheus_queries is not None else []
 
     def spec(self) -> AssetSpec:
         return AssetSpec(
@@ -272,7 +303,7 @@ def cluster_part(
     deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str],
     automation_condition: AutomationCondition | None = None,
-    prometheus_queries: Callable[[ClusterTurn], list[str]] | None = None,
+    prometheus_queries: Callable[[Dialect], list[str]] | None = None,
 ) -> Callable[[Callable[[ClusterTurn], MaterializeResult]], ClusterPart]:
     """Declare a per-cluster asset (name -> what each check guards)."""
 
@@ -298,7 +329,7 @@ def collector(
     checks: dict[str, str],
     deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str] = frozenset({"kubernetes", "sql"}),
-    prometheus_queries: Callable[[ClusterTurn], list[str]] | None = None,
+    prometheus_queries: Callable[[Dialect], list[str]] | None = None,
 ) -> Callable[[Callable[[ClusterTurn], MaterializeResult]], ClusterPart]:
     """A per-cluster collector, refreshed by the `collect_every_minute` schedule."""
     return cluster_part(

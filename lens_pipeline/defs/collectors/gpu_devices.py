@@ -100,7 +100,7 @@ def _gpu_series(prom: PromReader, dialect: Dialect, snapshot: ClusterSnapshot) -
         "series has a GPU index, no value is NaN, infinite or impossible (else that figure is NULL), "
         "and every sample is readable (a malformed one is skipped and counted).",
     },
-    prometheus_queries=lambda turn: device_queries(turn.dialect()),
+    prometheus_queries=device_queries,
 )
 def gpu_devices(turn: ClusterTurn) -> MaterializeResult:
     run = CollectorRun(turn)

@@ -29,7 +29,7 @@ TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utiliza
         "every_gpu_node_has_utilization": "Every Ready GPU node has utilization series that name it "
         "(else its utilization is unknown, NULL).",
     },
-    prometheus_queries=lambda turn: [p.node_utilization_query() for p in turn.dialect().profiles],
+    prometheus_queries=lambda dialect: [p.node_utilization_query() for p in dialect.profiles],
 )
 def gpu_nodes(turn: ClusterTurn) -> MaterializeResult:
     run = CollectorRun(turn)
