@@ -181,7 +181,7 @@ def _cluster_turn(
                     broken.add(part.key)
                     report.failed(name, part.key, f"{type(exc).__name__}: {exc}")
                     turn.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
-                    turn.forget([p for p in selected[index + 1 :] if _below(p, part.key)])
+                    turn.forget([part, *(p for p in selected[index + 1 :] if _below(p, part.key))])
                     continue
                 done.append(part.key)
                 yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)

@@ -16,12 +16,18 @@ from lens_pipeline.defs.partitions import (
     ASSET_PARTITION_RANGE_START_TAG,
     CLUSTER_PARTITIONS_NAME,
 )
-from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase, PrometheusResource
+from lens_pipeline.defs.resources import (
+    ClusterRegistryResource,
+    KubernetesResource,
+    LensDatabase,
+    PrometheusResource,
+)
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.vendors import PROFILES, shipped_dialect
 from lens_pipeline_tests.defs.support import (
+    DEAD_URL,
     DIALECT_REQUESTS,
     edit_registry,
     materializations,
@@ -185,3 +191,66 @@ def test_forgotten_queries_are_not_asked(sim):
     assert reader.vector(dropped)  # asked now, by the part that does run after all
     assert _asked(fleet) == 2
     reader.close()
+
+
+def test_a_part_that_fails_has_its_queries_and_those_below_it_forgotten(sim, tmp_path, monkeypatch):
+    """A cluster whose Kubernetes API refuses every connection fails `gpu_nodes` before any query is
+    taken: neither its query nor `gpu_devices'` (below it) is asked ahead, even when its dialect is
+    learned only after the failure. The next cluster of the batch gets all of its queries."""
+    from lens_pipeline.defs.collectors import common
+
+    _fleet, server, registry = sim
+    dead = "sim-amd-dead-api"
+    edit_registry(
+        registry,
+        lambda d: d["clusters"].insert(
+            0,
+            {
+                "name": dead,
+                "server": DEAD_URL,
+                "token": "x",
+                "request_timeout_seconds": 2,
+                "vendor": "amd",
+                "prometheus_url": server.prometheus_url(AMD),
+            },
+        ),
+    )
+    failed = threading.Event()
+    forget, read_dialect = common.ClusterTurn.forget, common.read_dialect
+
+    def forgetting(turn, parts) -> None:
+        forget(turn, parts)
+        failed.set()
+
+    def after_the_failure(*args, **kwargs):
+        failed.wait(timeout=10)  # the dead cluster's dialect is known only once gpu_nodes failed
+        return read_dialect(*args, **kwargs)
+
+    asked_ahead: dict[str, list[str]] = {}
+    prefetch = PromReader.prefetch
+
+    def recording(reader: PromReader, queries) -> None:
+        asked_ahead.setdefault(reader.cluster, []).extend(queries)
+        prefetch(reader, queries)
+
+    monkeypatch.setattr(common.ClusterTurn, "forget", forgetting)
+    monkeypatch.setattr(common, "read_dialect", after_the_failure)
+    monkeypatch.setattr(PromReader, "prefetch", recording)
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [dead, AMD])
+        result = materialize_cluster(
+            ["gpu_nodes", "gpu_devices"],
+            instance=instance,
+            tags={ASSET_PARTITION_RANGE_START_TAG: dead, ASSET_PARTITION_RANGE_END_TAG: AMD},
+            raise_on_error=False,
+            resources={
+                "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                "kubernetes": KubernetesResource(max_retries=0),
+                "prometheus": PrometheusResource(timeout_seconds=5),
+                "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
+            },
+        )
+    assert failed.is_set()
+    assert [m.partition for m in materializations(result, "gpu_devices")] == [AMD]
+    assert asked_ahead.get(dead, []) == []
+    assert asked_ahead[AMD] == [PROFILE.node_utilization_query(), *device_queries(shipped_dialect("amd"))]

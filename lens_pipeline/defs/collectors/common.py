@@ -10,6 +10,7 @@ snapshot of its Kubernetes objects.
 import functools
 import hashlib
 import importlib
+import threading
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -146,6 +147,8 @@ class ClusterTurn:
     _dialect: Dialect | None = field(default=None, init=False, repr=False)
     _dialect_error: str | None = field(default=None, init=False, repr=False)
     _ahead: Future[None] | None = field(default=None, init=False, repr=False)
+    _not_run: set[str] = field(default_factory=set, init=False, repr=False)
+    _not_run_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def log(self) -> Any:
@@ -162,11 +165,12 @@ class ClusterTurn:
         """How this cluster's exporters name their metrics and labels, learned once per turn from
         its Prometheus (a few cheap requests), with the registry's overrides. When Prometheus cannot
         be asked, the shipped names: the queries then fail and say so."""
+        if self._ahead is not None:
+            # Learned in the background (`ask_ahead`); once done, the queries are asked too, and a
+            # part's query is taken from them rather than asked a second time.
+            self._ahead.result()
         if self._dialect is None:
-            if self._ahead is not None:
-                self._ahead.result()  # learned in the background (`ask_ahead`), its queries asked
-            else:
-                self._learn_dialect(self.prometheus_reader())
+            self._learn_dialect(self.prometheus_reader())
         assert self._dialect is not None
         return self._dialect
 
@@ -199,18 +203,23 @@ class ClusterTurn:
             finally:
                 if learner is not None:
                     learner.close()
-            try:
-                reader.prefetch([q for part in parts for q in part.queries(dialect)])
-            except Exception as exc:  # each part meets the same error when it asks, and reports it
-                self.log.debug(f"cluster {self.cluster.name}: no Prometheus queries asked ahead: {exc}")
+            with self._not_run_lock:  # a part that failed meanwhile has its queries dropped here
+                wanted = [q for part in parts if part.key not in self._not_run for q in part.queries(dialect)]
+                try:
+                    reader.prefetch(wanted)
+                except Exception as exc:  # each part meets the same error when it asks, and reports it
+                    self.log.debug(f"cluster {self.cluster.name}: no Prometheus queries asked ahead: {exc}")
 
         self._ahead = reader.in_background(learn_and_ask)
 
     def forget(self, parts: Sequence["ClusterPart"]) -> None:
-        """The queries asked ahead for `parts`, which will not run (their upstream failed), not asked."""
+        """The queries asked ahead for `parts`, which will not run (their upstream failed), not
+        asked: dropped if already asked for, else never asked for."""
         reader = self.prometheus_reader()
-        if reader is not None and self._dialect is not None:
-            reader.forget([q for part in parts for q in part.queries(self._dialect)])
+        with self._not_run_lock:
+            self._not_run.update(part.key for part in parts)
+            if reader is not None and self._dialect is not None:
+                reader.forget([q for part in parts for q in part.queries(self._dialect)])
 
     def dialect_metadata(self) -> dict[str, Any]:
         """The dialect as run metadata: what each exporter's series look like, and what is missing."""
