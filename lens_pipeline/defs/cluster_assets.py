@@ -181,7 +181,7 @@ def _cluster_turn(
                     broken.add(part.key)
                     report.failed(name, part.key, f"{type(exc).__name__}: {exc}")
                     turn.log.error(f"cluster {name}: {part.key} failed:\n{traceback.format_exc()}")
-                    turn.forget([part, *(p for p in selected[index + 1 :] if _below(p, part.key))])
+                    turn.forget(_not_run_after(part, selected[index + 1 :], broken))
                     continue
                 done.append(part.key)
                 yield AssetMaterialization(asset_key=part.key, partition=name, metadata=result.metadata)
@@ -190,6 +190,12 @@ def _cluster_turn(
             turn.release()
 
 
-def _below(part: ClusterPart, key: str) -> bool:
-    """Whether `part` reads, directly or through other parts, the part named `key`."""
-    return any(d.key == key or _below(d, key) for d in part.deps)
+def _not_run_after(failed: ClusterPart, rest: list[ClusterPart], broken: set[str]) -> list[ClusterPart]:
+    """`failed` and the parts of `rest` that the turn will skip because of it: by the turn's own rule,
+    a part is skipped when a part it reads failed or was skipped."""
+    skipped, not_run = set(broken), [failed]
+    for part in rest:
+        if any(d.key in skipped for d in part.deps):
+            skipped.add(part.key)
+            not_run.append(part)
+    return not_run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -76,6 +77,7 @@ class PromReader:
     _early: dict[str, Future[tuple[list[Sample], list[str]]]] = field(default_factory=dict, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def client(self) -> PrometheusConnect:
@@ -117,22 +119,29 @@ class PromReader:
 
     def prefetch(self, queries: Sequence[str]) -> None:
         """Start asking `queries` (instant, in this order, one at a time) in the background."""
-        fresh = [q for q in dict.fromkeys(queries) if q not in self._early]
-        if not fresh or self._closed:
-            return
-        try:
-            self._connect(fresh[0])  # made here, not raced for by the two threads
-        except PromError:
-            return  # `vector` raises it, query by query
-        for query in fresh:
-            self._early[query] = self._background().submit(self._vector, query)
+        with self._lock:  # not after `close`, which may run on another thread meanwhile
+            fresh = [q for q in dict.fromkeys(queries) if q not in self._early]
+            if not fresh or self._closed:
+                return
+            try:
+                self._connect(fresh[0])  # made here, not raced for by the two threads
+            except PromError:
+                return  # `vector` raises it, query by query
+            for query in fresh:
+                self._early[query] = self._background().submit(self._vector, query)
 
     def in_background(self, work: Callable[[], T]) -> Future[T]:
         """Run `work` on the thread that asks the prefetched queries, after those asked so far; what
-        it prefetches is asked after it."""
-        with contextlib.suppress(PromError):  # a bad URL is `work`'s own error
-            self._connect("")  # made here, not raced for by the two threads
-        return self._background().submit(work)
+        it prefetches is asked after it. Once the reader is closed, `work` is not run (the future
+        is cancelled)."""
+        with self._lock:
+            if self._closed:
+                cancelled: Future[T] = Future()
+                cancelled.cancel()
+                return cancelled
+            with contextlib.suppress(PromError):  # a bad URL is `work`'s own error
+                self._connect("")  # made here, not raced for by the two threads
+            return self._background().submit(work)
 
     def forget(self, queries: Sequence[str]) -> None:
         """Drop the prefetched answers of `queries` nobody will take: those not yet sent are not sent."""
@@ -150,11 +159,12 @@ class PromReader:
         """Drop the prefetched answers nobody took: queries not yet sent are not sent, and the
         connections are closed (a request under way fails instead of running on). Nothing is asked
         ahead after (what is asked directly opens new connections)."""
-        self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        self._early.clear()
+        with self._lock:
+            self._closed = True
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+            self._early.clear()
         if self._session is not None:
             self._session.close()
             self._client = self._session = None

@@ -223,7 +223,7 @@ def test_a_part_that_fails_has_its_queries_and_those_below_it_forgotten(sim, tmp
         failed.set()
 
     def after_the_failure(*args, **kwargs):
-        failed.wait(timeout=10)  # the dead cluster's dialect is known only once gpu_nodes failed
+        failed.wait(timeout=60)  # the dead cluster's dialect is known only once gpu_nodes failed
         return read_dialect(*args, **kwargs)
 
     asked_ahead: dict[str, list[str]] = {}

@@ -12,7 +12,7 @@ import hashlib
 import importlib
 import threading
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,6 +147,7 @@ class ClusterTurn:
     _dialect: Dialect | None = field(default=None, init=False, repr=False)
     _dialect_error: str | None = field(default=None, init=False, repr=False)
     _ahead: Future[None] | None = field(default=None, init=False, repr=False)
+    _learner: PromReader | None = field(default=None, init=False, repr=False)
     _not_run: set[str] = field(default_factory=set, init=False, repr=False)
     _not_run_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -156,7 +157,7 @@ class ClusterTurn:
 
     def prometheus_reader(self) -> PromReader | None:
         """The cluster's Prometheus for this turn (None when the registry gives it none): one reader
-        shared by the parts, holding the answers asked for in advance by `prefetch`."""
+        shared by the parts, holding the answers asked for in advance by `ask_ahead`."""
         if self._prometheus_reader is None:
             self._prometheus_reader = self.prometheus.reader(self.cluster)
         return self._prometheus_reader
@@ -167,8 +168,9 @@ class ClusterTurn:
         be asked, the shipped names: the queries then fail and say so."""
         if self._ahead is not None:
             # Learned in the background (`ask_ahead`); once done, the queries are asked too, and a
-            # part's query is taken from them rather than asked a second time.
-            self._ahead.result()
+            # part's query is taken from them rather than asked a second time. Should the background
+            # have failed, the dialect is learned here, and its error raised here.
+            wait([self._ahead])
         if self._dialect is None:
             self._learn_dialect(self.prometheus_reader())
         assert self._dialect is not None
@@ -192,23 +194,24 @@ class ClusterTurn:
         answers `gpu_devices` waited for were 5-6 s of a no-change run). `forget` drops the queries
         of parts that will not run."""
         reader = self.prometheus_reader()
-        if reader is None or self._ahead is not None:
+        if reader is None or self._ahead is not None or not any(p.prometheus_queries for p in parts):
             return
+        # On a reader of its own: the dialect's requests are no part's, in any part's counts. It is
+        # closed with the turn, so that its requests do not outlive it.
+        learner = self._learner = self.prometheus.reader(self.cluster)
 
         def learn_and_ask() -> None:
-            # On a reader of its own: the dialect's requests are no part's, in any part's counts.
-            learner = self.prometheus.reader(self.cluster)
             try:
                 dialect = self._learn_dialect(learner)
+                with self._not_run_lock:  # a part that failed meanwhile has its queries dropped here
+                    reader.prefetch(
+                        [q for part in parts if part.key not in self._not_run for q in part.queries(dialect)]
+                    )
+            except Exception as exc:  # `dialect()` and each part meet the same error, and report it
+                self.log.debug(f"cluster {self.cluster.name}: no Prometheus queries asked ahead: {exc}")
             finally:
                 if learner is not None:
                     learner.close()
-            with self._not_run_lock:  # a part that failed meanwhile has its queries dropped here
-                wanted = [q for part in parts if part.key not in self._not_run for q in part.queries(dialect)]
-                try:
-                    reader.prefetch(wanted)
-                except Exception as exc:  # each part meets the same error when it asks, and reports it
-                    self.log.debug(f"cluster {self.cluster.name}: no Prometheus queries asked ahead: {exc}")
 
         self._ahead = reader.in_background(learn_and_ask)
 
@@ -238,6 +241,8 @@ class ClusterTurn:
         """The end of the cluster's turn: its listed objects and unused answers are let go."""
         if self._prometheus_reader is not None:
             self._prometheus_reader.close()
+        if self._learner is not None:
+            self._learner.close()
         self.kubernetes.release(self.cluster)
 
     def snapshot(self) -> ClusterSnapshot:
