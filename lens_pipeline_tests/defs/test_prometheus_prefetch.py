@@ -100,6 +100,23 @@ def test_close_drops_answers_nobody_took(sim):
     assert _asked(fleet) == 2
 
 
+def _nodes_and_devices_of(instance, clusters: list[str], registry, tmp_path, **resources):
+    """One run of `gpu_nodes` and `gpu_devices` over a batch of clusters, failures kept in the result."""
+    instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, clusters)
+    return materialize_cluster(
+        ["gpu_nodes", "gpu_devices"],
+        instance=instance,
+        tags={ASSET_PARTITION_RANGE_START_TAG: clusters[0], ASSET_PARTITION_RANGE_END_TAG: clusters[-1]},
+        raise_on_error=False,
+        resources={
+            "registry": ClusterRegistryResource(clusters_file=str(registry)),
+            "prometheus": PrometheusResource(timeout_seconds=5),
+            "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
+            **resources,
+        },
+    )
+
+
 def test_a_malformed_prometheus_url_is_the_parts_error_not_the_runs(sim, tmp_path):
     reader = PromReader(AMD, "http://[bad", timeout_seconds=1, retries=0)
     reader.prefetch([PROFILE.identity_query()])  # nothing to ask with; not an error here
@@ -112,18 +129,7 @@ def test_a_malformed_prometheus_url_is_the_parts_error_not_the_runs(sim, tmp_pat
     with served as (fleet, _server, registry), instance_for_test() as instance:
         first, second = (c.name for c in fleet)
         edit_registry(registry, lambda d: d["clusters"][0].update(prometheus_url="http://[bad"))
-        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [first, second])
-        result = materialize_cluster(
-            ["gpu_nodes", "gpu_devices"],
-            instance=instance,
-            tags={ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: second},
-            raise_on_error=False,
-            resources={
-                "registry": ClusterRegistryResource(clusters_file=str(registry)),
-                "prometheus": PrometheusResource(timeout_seconds=5),
-                "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
-            },
-        )
+        result = _nodes_and_devices_of(instance, [first, second], registry, tmp_path)
     assert (
         not result.success
     )  # the first cluster's devices failed: the run says so, once every cluster had its turn
@@ -237,18 +243,8 @@ def test_a_part_that_fails_has_its_queries_and_those_below_it_forgotten(sim, tmp
     monkeypatch.setattr(common, "read_dialect", after_the_failure)
     monkeypatch.setattr(PromReader, "prefetch", recording)
     with instance_for_test() as instance:
-        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [dead, AMD])
-        result = materialize_cluster(
-            ["gpu_nodes", "gpu_devices"],
-            instance=instance,
-            tags={ASSET_PARTITION_RANGE_START_TAG: dead, ASSET_PARTITION_RANGE_END_TAG: AMD},
-            raise_on_error=False,
-            resources={
-                "registry": ClusterRegistryResource(clusters_file=str(registry)),
-                "kubernetes": KubernetesResource(max_retries=0),
-                "prometheus": PrometheusResource(timeout_seconds=5),
-                "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
-            },
+        result = _nodes_and_devices_of(
+            instance, [dead, AMD], registry, tmp_path, kubernetes=KubernetesResource(max_retries=0)
         )
     assert failed.is_set()
     assert [m.partition for m in materializations(result, "gpu_devices")] == [AMD]
