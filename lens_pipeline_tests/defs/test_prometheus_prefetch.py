@@ -250,3 +250,26 @@ def test_a_part_that_fails_has_its_queries_and_those_below_it_forgotten(sim, tmp
     assert [m.partition for m in materializations(result, "gpu_devices")] == [AMD]
     assert asked_ahead.get(dead, []) == []
     assert asked_ahead[AMD] == [PROFILE.node_utilization_query(), *device_queries(shipped_dialect("amd"))]
+
+
+def test_a_view_run_alone_counts_its_own_queries_not_the_dialects(sim, tmp_path):
+    """With nothing asked ahead (no collector in the run), the turn learns the dialect when the view
+    first needs it: on a reader of its own, so the view's count is its queries alone."""
+    fleet, _server, registry = sim
+    fleet.cluster(AMD).request_log.reset()
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [AMD])
+        result = materialize_cluster(
+            ["cluster_overview_cache"],
+            partition_key=AMD,
+            instance=instance,
+            resources={
+                "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                "prometheus": PrometheusResource(timeout_seconds=5),
+                "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
+            },
+        )
+    assert result.success
+    asked = materializations(result, "cluster_overview_cache")[0].metadata["prometheus_queries"].value
+    assert asked > 0
+    assert _asked(fleet) == asked + DIALECT_REQUESTS

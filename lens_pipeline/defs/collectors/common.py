@@ -172,18 +172,24 @@ class ClusterTurn:
             # have failed, the dialect is learned here, and its error raised here.
             wait([self._ahead])
         if self._dialect is None:
-            self._learn_dialect(self.prometheus_reader())
+            self._learn_dialect()
         assert self._dialect is not None
         return self._dialect
 
-    def _learn_dialect(self, reader: PromReader | None) -> Dialect:
+    def _learn_dialect(self) -> Dialect:
         overrides = self.cluster.exporter_overrides
         dialect = shipped_dialect(self.cluster.vendor, overrides)
-        if reader is not None:
+        # On a reader of its own, whichever thread learns it: the dialect's requests are no part's,
+        # in any part's counts. It is closed once the dialect is learned, and by `release` should
+        # the turn end first.
+        learner = self._learner = self.prometheus.reader(self.cluster)
+        if learner is not None:
             try:
-                dialect = read_dialect(reader, self.cluster.vendor, overrides)
+                dialect = read_dialect(learner, self.cluster.vendor, overrides)
             except PromError as exc:
                 self._dialect_error = str(exc)
+            finally:
+                learner.close()
         self._dialect = dialect
         return dialect
 
@@ -196,22 +202,16 @@ class ClusterTurn:
         reader = self.prometheus_reader()
         if reader is None or self._ahead is not None or not any(p.prometheus_queries for p in parts):
             return
-        # On a reader of its own: the dialect's requests are no part's, in any part's counts. It is
-        # closed with the turn, so that its requests do not outlive it.
-        learner = self._learner = self.prometheus.reader(self.cluster)
 
         def learn_and_ask() -> None:
             try:
-                dialect = self._learn_dialect(learner)
+                dialect = self._learn_dialect()
                 with self._not_run_lock:  # a part that failed meanwhile has its queries dropped here
                     reader.prefetch(
                         [q for part in parts if part.key not in self._not_run for q in part.queries(dialect)]
                     )
             except Exception as exc:  # `dialect()` and each part meet the same error, and report it
                 self.log.debug(f"cluster {self.cluster.name}: no Prometheus queries asked ahead: {exc}")
-            finally:
-                if learner is not None:
-                    learner.close()
 
         self._ahead = reader.in_background(learn_and_ask)
 
