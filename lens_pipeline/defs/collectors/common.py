@@ -52,7 +52,7 @@ from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.retry import OP_RETRIES, OP_RETRY_DELAY
 from lens_pipeline.store.pods import StoredPods, stored_pods
-from lens_pipeline.vendors import Dialect, shipped_dialect
+from lens_pipeline.vendors import Dialect, profiles_for, shipped_dialect
 
 # The step's retries, from the one table of retries (lens_pipeline.retry).
 COLLECTOR_RETRY = RetryPolicy(
@@ -97,15 +97,22 @@ def rows_version() -> str:
     return digest.hexdigest()[:16]
 
 
-def rows_built_by(unreadable: Collection[str]) -> str:
+def rows_built_by(unreadable: Collection[str], gpu_resources: Sequence[str]) -> str:
     """What a `gpu_pods` / `gpu_workloads` materialization records as `rows_built_by`: this code's
-    `rows_version` when every object was readable. An unreadable object keeps its stored row as it
-    was, built by whatever code built it; were this code recorded, the next run would take that
-    row as this code's and the object, unchanged, would no longer be reported. So the next run
-    reads every object in full again, and reports it again, until it is readable or gone."""
+    `rows_version` and the GPU resources the cluster's pods were read for, when every object was
+    readable. An unreadable object keeps its stored row as it was, built by whatever code built
+    it; were this code recorded, the next run would take that row as this code's and the object,
+    unchanged, would no longer be reported. So the next run reads every object in full again, and
+    reports it again, until it is readable or gone."""
     if unreadable:
         return f"not recorded: {len(unreadable)} objects unreadable, all read in full next run"
-    return rows_version()
+    return _built_by(gpu_resources)
+
+
+def _built_by(gpu_resources: Sequence[str]) -> str:
+    # The resources are part of it: a pod's GPUs are counted in the resource of the cluster's vendor,
+    # so rows built for another vendor (the registry's entry corrected) say nothing of this one's.
+    return f"{rows_version()} for {', '.join(gpu_resources)}"
 
 
 class StatisticsConfig(Config):
@@ -261,7 +268,7 @@ class ClusterTurn:
 
     def rows_built_by_this_code(self, key: str) -> bool:
         """Whether the cluster's last materialization of `key` recorded rows built by this code
-        (`rows_version`): only then do rows stored for an object that did not change hold what this
+        (`rows_version`) for this cluster's GPU resources: only then do rows stored for an object that did not change hold what this
         code would build from it."""
         found = self.context.instance.fetch_materializations(
             AssetRecordsFilter(asset_key=AssetKey(key), asset_partitions=[self.cluster.name]), limit=1
@@ -269,7 +276,12 @@ class ClusterTurn:
         if not found or found[0].asset_materialization is None:
             return False
         recorded = found[0].asset_materialization.metadata.get(ROWS_BUILT_BY)
-        return recorded is not None and recorded.value == rows_version()
+        return recorded is not None and recorded.value == _built_by(self.gpu_resources)
+
+    @property
+    def gpu_resources(self) -> tuple[str, ...]:
+        """The extended resources a pod of this cluster holds GPUs as (`amd.com/gpu`, ...)."""
+        return tuple(p.resource for p in profiles_for(self.cluster.vendor))
 
 
 @dataclass(frozen=True)

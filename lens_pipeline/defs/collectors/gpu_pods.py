@@ -102,7 +102,7 @@ def gpu_pods(turn: ClusterTurn) -> MaterializeResult:
             "gpus_held_by_running_pods": sum(p.gpus for p in readable if p.running),
             **sync_metadata(written["gpu_pods"]),
             "pods_unchanged_since_stored": len(unchanged),
-            ROWS_BUILT_BY: rows_built_by(unreadable),
+            ROWS_BUILT_BY: rows_built_by(unreadable, turn.gpu_resources),
             "pod_resource_rows_written": written["pod_resource"].written,
             "pod_snapshots_written": written["pod_snapshot"],
             "pod_events_written": written["gpu_pods_event"],

@@ -175,7 +175,7 @@ def gpu_workloads(turn: ClusterTurn) -> MaterializeResult:
             "workloads_unchanged_since_stored": len(unchanged),
             "pod_references_added": written["workload_pod_reference"],
             "workload_snapshots_written": written["gpu_workload_snapshot"],
-            ROWS_BUILT_BY: rows_built_by(unreadable),
+            ROWS_BUILT_BY: rows_built_by(unreadable, turn.gpu_resources),
             "top_level": markdown_table(top_level, TABLE_COLUMNS),
         },
         [run.readable_check("owner_chains_resolved")],
