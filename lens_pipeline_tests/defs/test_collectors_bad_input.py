@@ -403,3 +403,33 @@ def test_ten_thousand_generated_malformed_objects_and_series_are_counted_and_los
 
 def _gpu_pod_keys(cluster) -> list[str]:
     return [f"{p['namespace']}/{p['name']}" for p in cluster.truth()["pods"]]
+
+
+UNREADABLE_OWNER_REFERENCES = {
+    "owners a mapping": {"x": 1},
+    "an owner without uid": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs"}],
+    "an owner's kind a number": [{"apiVersion": "apps/v1", "kind": 7, "name": "rs", "uid": "u"}],
+}
+
+
+@pytest.mark.parametrize("references", UNREADABLE_OWNER_REFERENCES.values(), ids=UNREADABLE_OWNER_REFERENCES)
+def test_a_pod_with_unreadable_owner_references_is_counted_once_by_each_collector(
+    sim, sqlite_url, references
+):
+    """`gpu_pods` refuses the pod's rows and `gpu_workloads` cannot walk up from it: one object, one
+    count in each."""
+    import copy
+
+    cluster, _server, registry, instance = sim
+    before = run(cluster, registry, instance, sqlite_url)
+    pod = copy.deepcopy(cluster.pod(*_gpu_pod_keys(cluster)[0].split("/", 1)))
+    pod["metadata"].update(name="unreadable-owners", uid="unreadable-owners-uid", ownerReferences=references)
+    cluster.inject_raw("pods", pod)
+    after = run(cluster, registry, instance, sqlite_url)
+    for asset in ("gpu_pods", "gpu_workloads"):
+        counted = metadata(after, asset)["malformed_objects"] - metadata(before, asset)["malformed_objects"]
+        assert counted == 1, asset
+    (example,) = [
+        e for e in metadata(after, "gpu_workloads")["malformed_examples"] if "unreadable-owners" in e
+    ]
+    assert "ownerReference" in example

@@ -91,11 +91,8 @@ def gpu_workloads(turn: ClusterTurn) -> MaterializeResult:
     # Kinds to list: what GPU pods point at, what stored unfinished workloads are, and SaFE Workloads.
     start = {SAFE_KIND_REF}
     start |= {KindRef(s["group_version"], s["kind"]) for s in stored.values() if s["status"] != "Deleted"}
-    for pod in pods:
-        if pod.owner_problem is not None:
-            run.problems.append(Problem("Pod", pod.name, pod.owner_problem))
-        elif pod.owner is not None:
-            start.add(pod.owner.kind_ref)
+    # A pod whose ownerReferences are unreadable has no owner here; `resolve_chains` reports it, once.
+    start |= {pod.owner.kind_ref for pod in pods if pod.owner is not None}
     objects, listed, unserved = list_owner_kinds(run.snapshot, start, known)
     run.problems += run.snapshot.owner_problems
     unchanged_objects = run.snapshot.unchanged_owners
