@@ -227,7 +227,7 @@ def _safe_url(url: str) -> str:
 
 def _demo(args: argparse.Namespace) -> int:
     """Start the simulator in this process and `dagster dev` beside it; Ctrl-C stops both."""
-    from lens_pipeline.sim.cli import churn_forever
+    from lens_pipeline.sim.cli import SWITCH_INTERVAL_SECONDS, churn_forever
     from lens_pipeline.sim.fleet import SimFleet
     from lens_pipeline.sim.registry import write_registry
     from lens_pipeline.sim.server import SimServer
@@ -265,6 +265,9 @@ def _demo(args: argparse.Namespace) -> int:
     fleet = SimFleet.generate(
         clusters=args.clusters, nodes=args.nodes, seed=args.seed, vendor="mixed", history=True
     )
+    # The simulator serves from this process, as `lens sim` does from its own: the same short GIL
+    # slices, so that a Kubernetes page does not queue behind a PromQL evaluation.
+    sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     server = SimServer(fleet)
     server.start()
     registry = state / "clusters.yaml"
