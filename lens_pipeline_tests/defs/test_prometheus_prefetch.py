@@ -100,6 +100,22 @@ def test_close_drops_answers_nobody_took(sim):
     assert _asked(fleet) == 2
 
 
+def _run_of(assets: list[str], registry, tmp_path):
+    """One run of `assets` for the AMD cluster, on a fresh instance."""
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [AMD])
+        return materialize_cluster(
+            assets,
+            partition_key=AMD,
+            instance=instance,
+            resources={
+                "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                "prometheus": PrometheusResource(timeout_seconds=5),
+                "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
+            },
+        )
+
+
 def _nodes_and_devices_of(instance, clusters: list[str], registry, tmp_path, **resources):
     """One run of `gpu_nodes` and `gpu_devices` over a batch of clusters, failures kept in the result."""
     instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, clusters)
@@ -150,18 +166,7 @@ def test_a_run_asks_each_query_once(sim, tmp_path, monkeypatch):
         prefetch(reader, queries)
 
     monkeypatch.setattr(PromReader, "prefetch", recording)
-    with instance_for_test() as instance:
-        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [AMD])
-        result = materialize_cluster(
-            ["gpu_nodes", "gpu_pods", "gpu_devices"],
-            partition_key=AMD,
-            instance=instance,
-            resources={
-                "registry": ClusterRegistryResource(clusters_file=str(registry)),
-                "prometheus": PrometheusResource(timeout_seconds=5),
-                "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
-            },
-        )
+    result = _run_of(["gpu_nodes", "gpu_pods", "gpu_devices"], registry, tmp_path)
     asked = {
         name: materializations(result, name)[0].metadata["prometheus_queries"].value
         for name in ("gpu_nodes", "gpu_pods", "gpu_devices")
@@ -257,18 +262,7 @@ def test_a_view_run_alone_counts_its_own_queries_not_the_dialects(sim, tmp_path)
     first needs it: on a reader of its own, so the view's count is its queries alone."""
     fleet, _server, registry = sim
     fleet.cluster(AMD).request_log.reset()
-    with instance_for_test() as instance:
-        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [AMD])
-        result = materialize_cluster(
-            ["cluster_overview_cache"],
-            partition_key=AMD,
-            instance=instance,
-            resources={
-                "registry": ClusterRegistryResource(clusters_file=str(registry)),
-                "prometheus": PrometheusResource(timeout_seconds=5),
-                "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
-            },
-        )
+    result = _run_of(["cluster_overview_cache"], registry, tmp_path)
     assert result.success
     asked = materializations(result, "cluster_overview_cache")[0].metadata["prometheus_queries"].value
     assert asked > 0
