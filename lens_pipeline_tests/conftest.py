@@ -19,6 +19,15 @@ from lens_pipeline.store.db import dispose_engines
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 DIALECT_ENV = {"postgresql": "LENS_TEST_POSTGRES_URL", "mysql": "LENS_TEST_MYSQL_URL"}
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's addopts): a worker per core this process may run on, at most
+    `MAX_WORKERS`. Each worker starts simulated fleets, Dagster, Prometheus and databases of its own,
+    and the suite's waits were set on a 2-core machine with two; xdist's own count (physical cores,
+    blind to CPU affinity) gave a large host a worker per core."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
 
 
 def skip_unless(condition: bool, reason: str) -> None:

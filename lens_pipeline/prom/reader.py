@@ -165,9 +165,11 @@ class PromReader:
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = None
             self._early.clear()
-        if self._session is not None:
-            self._session.close()
-            self._client = self._session = None
+            # Taken under the lock: two threads closing one reader (a turn's end and the thread
+            # that learned the dialect on it) close its session once.
+            session, self._session, self._client = self._session, None, None
+        if session is not None:
+            session.close()
 
     def vector(self, query: str, *, keep_nonfinite: bool = False) -> list[Sample]:
         """The samples of an instant query. Malformed samples are skipped and counted

@@ -179,17 +179,20 @@ class ClusterTurn:
             # have failed, the dialect is learned here, and its error raised here.
             wait([self._ahead])
         if self._dialect is None:
-            self._learn_dialect()
+            self._learn_dialect(self._new_learner())
         assert self._dialect is not None
         return self._dialect
 
-    def _learn_dialect(self) -> Dialect:
+    def _new_learner(self) -> PromReader | None:
+        """A reader of its own to learn the dialect on, whichever thread learns it: the dialect's
+        requests are no part's, in any part's counts. Made by the turn's thread, so that `release`
+        closes it should the turn end while the dialect is being learned."""
+        self._learner = self.prometheus.reader(self.cluster)
+        return self._learner
+
+    def _learn_dialect(self, learner: PromReader | None) -> Dialect:
         overrides = self.cluster.exporter_overrides
         dialect = shipped_dialect(self.cluster.vendor, overrides)
-        # On a reader of its own, whichever thread learns it: the dialect's requests are no part's,
-        # in any part's counts. It is closed once the dialect is learned, and by `release` should
-        # the turn end first.
-        learner = self._learner = self.prometheus.reader(self.cluster)
         if learner is not None:
             try:
                 dialect = read_dialect(learner, self.cluster.vendor, overrides)
@@ -209,10 +212,11 @@ class ClusterTurn:
         reader = self.prometheus_reader()
         if reader is None or self._ahead is not None or not any(p.prometheus_queries for p in parts):
             return
+        learner = self._new_learner()
 
         def learn_and_ask() -> None:
             try:
-                dialect = self._learn_dialect()
+                dialect = self._learn_dialect(learner)
                 with self._not_run_lock:  # a part that failed meanwhile has its queries dropped here
                     reader.prefetch(
                         [q for part in parts if part.key not in self._not_run for q in part.queries(dialect)]
