@@ -108,8 +108,6 @@ def bulk_upsert(
 
     try:
         if dialect.name != "postgresql":
-            if dialect.name == "sqlite":
-                rows = _in_key_order(rows, key)
             for batch in batches():
                 cursor.executemany(sql, batch)
         else:
@@ -123,21 +121,6 @@ def bulk_upsert(
     finally:
         cursor.close()
     return len(rows)
-
-
-def _in_key_order(rows: Sequence[Mapping[str, Any]], key: Sequence[str]) -> Sequence[Mapping[str, Any]]:
-    """`rows` sorted by their logical key, stably (of two rows of one key, the later still wins).
-
-    SQLite inserts each row into the key's index. In key order it fills the index's pages one
-    after the other; in the order rows are listed (by uid: at random) each insert touches another
-    page, few of which its 2 MiB page cache holds. Through this function, 110k snapshots, 220k pod
-    events and 110k workload references went in 5.7 s instead of 6.8 s (medians; docs/BENCHMARKS.md,
-    issue 22). A key whose values cannot be compared (a None beside text) leaves the rows as they
-    are."""
-    try:
-        return sorted(rows, key=itemgetter(*key))
-    except TypeError:
-        return rows
 
 
 def _columns_of(table: Table, rows: Sequence[Mapping[str, Any]], key: Sequence[str]) -> list[str]:

@@ -29,7 +29,7 @@ from lens_pipeline.store.schema import (
     node_statistic,
     storage,
 )
-from lens_pipeline.store.upsert import _in_key_order, bulk_upsert, sync_snapshot
+from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
 from lens_pipeline_tests.conftest import _server_database
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -148,8 +148,7 @@ def test_bulk_upsert_inserts_then_updates_and_keeps_created_at(lens_url):
 
 
 def test_rows_given_out_of_key_order_the_last_of_each_key_wins(lens_url):
-    """SQLite is given the rows in key order (`_in_key_order`): of two rows of one key the later
-    one still wins, within a batch and across batches."""
+    """Of two rows of one key the later one wins, within a batch and across batches."""
     engine = get_engine(lens_url)
     ensure_schema(engine, "lens")
     given = [("c", 1), ("a", 2), ("b", 8), ("a", 3), ("c", 4), ("a", 5), ("d", 6)]
@@ -162,15 +161,6 @@ def test_rows_given_out_of_key_order_the_last_of_each_key_wins(lens_url):
             "c": 4,
             "d": 6,
         }
-
-
-def test_rows_whose_keys_cannot_be_compared_are_kept_in_the_order_given():
-    rows = [{"k": "b"}, {"k": None}, {"k": "a"}]
-    assert _in_key_order(rows, ["k"]) == rows
-    assert _in_key_order([{"k": "b", "j": 2}, {"k": "a", "j": 1}], ["k", "j"]) == [
-        {"k": "a", "j": 1},
-        {"k": "b", "j": 2},
-    ]
 
 
 def test_bulk_upsert_with_nothing_to_update_ignores_conflicts(lens_url):
