@@ -246,6 +246,11 @@ OPTIONAL_FIGURES = frozenset({"vram_reserved"})
 VENDOR_CHOICES = (*PROFILES, "auto")
 
 
+def gpu_resources(vendor: str) -> tuple[str, ...]:
+    """The extended resources a pod of a cluster of `vendor` holds GPUs as (`amd.com/gpu`, ...)."""
+    return tuple(p.resource for p in profiles_for(vendor))
+
+
 def profiles_for(vendor: str) -> tuple[VendorProfile, ...]:
     """The profiles a cluster's registry entry asks for; `auto` tries every vendor per node."""
     if vendor == "auto":

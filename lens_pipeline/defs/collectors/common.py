@@ -52,7 +52,7 @@ from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.retry import OP_RETRIES, OP_RETRY_DELAY
 from lens_pipeline.store.pods import StoredPods, stored_pods
-from lens_pipeline.vendors import Dialect, profiles_for, shipped_dialect
+from lens_pipeline.vendors import Dialect, gpu_resources, shipped_dialect
 
 # The step's retries, from the one table of retries (lens_pipeline.retry).
 COLLECTOR_RETRY = RetryPolicy(
@@ -272,8 +272,8 @@ class ClusterTurn:
 
     def rows_built_by_this_code(self, key: str) -> bool:
         """Whether the cluster's last materialization of `key` recorded rows built by this code
-        (`rows_version`) for this cluster's GPU resources: only then do rows stored for an object that did not change hold what this
-        code would build from it."""
+        (`rows_version`) for this cluster's GPU resources: only then do rows stored for an object
+        that did not change hold what this code would build from it."""
         found = self.context.instance.fetch_materializations(
             AssetRecordsFilter(asset_key=AssetKey(key), asset_partitions=[self.cluster.name]), limit=1
         ).records
@@ -284,8 +284,8 @@ class ClusterTurn:
 
     @property
     def gpu_resources(self) -> tuple[str, ...]:
-        """The extended resources a pod of this cluster holds GPUs as (`amd.com/gpu`, ...)."""
-        return tuple(p.resource for p in profiles_for(self.cluster.vendor))
+        """The resources the cluster's pods are read for (`ClusterSnapshot` reads them so too)."""
+        return gpu_resources(self.cluster.vendor)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from lens_pipeline.collect.pods import GpuPod, project_gpu_pod
 from lens_pipeline.collect.problems import Problem
 from lens_pipeline.kube.reader import KubeReader
 from lens_pipeline.store.pods import StoredPods
-from lens_pipeline.vendors import VendorProfile, profiles_for
+from lens_pipeline.vendors import VendorProfile, gpu_resources, profiles_for
 
 
 class ClusterSnapshot:
@@ -54,7 +54,7 @@ class ClusterSnapshot:
     def _pods(self) -> list[GpuPod | Problem | None]:
         project = partial(
             project_gpu_pod,
-            resources=tuple(p.resource for p in self.profiles),
+            resources=gpu_resources(self.cluster.vendor),
             known=self.stored_pods.current,
         )
         return [p for p in self.reader.list("/api/v1/pods", project) if p is not None]
