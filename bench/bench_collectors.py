@@ -11,8 +11,14 @@ item dropped; every other Kubernetes GET and every Prometheus query once, parsed
 What the code controls is the ratio of the run to it: seconds move with the machine and its load,
 the floor with them. It is printed for the Kubernetes requests alone and with the Prometheus answers.
 
+One simulator process serves both the Kubernetes API and Prometheus, so the pages of a LIST
+wait for its PromQL (one GIL) while the collectors' queries, asked ahead, are evaluated. In a
+cluster, kube-apiserver and Prometheus are separate servers: with `--prometheus-apart`, the
+cluster's Prometheus is a second simulator process of the same seed (the same fleet, the same
+answers). docs/BENCHMARKS.md gives both.
+
     .venv/bin/python bench/bench_collectors.py --nodes 5000 --pods-per-node 30 [--assets gpu_nodes ...]
-        [--database-url postgresql+psycopg2://postgres@127.0.0.1:5432/lens_bench]
+        [--database-url postgresql+psycopg2://postgres@127.0.0.1:5432/lens_bench] [--prometheus-apart]
 """
 
 from __future__ import annotations
@@ -66,7 +72,24 @@ def start_simulator(
         if line.startswith("serving"):
             break
     entry = yaml.safe_load(registry.read_text())["clusters"][0]
-    return sim, {**entry, "registry": registry, "base": entry["prometheus_url"].removesuffix("/prometheus")}
+    base = entry["prometheus_url"].removesuffix("/prometheus")
+    return sim, {**entry, "registry": registry, "base": base, "prometheus_base": base}
+
+
+def prometheus_apart(cluster: dict, prometheus: dict) -> dict:
+    """`cluster`, its Prometheus served by another simulator of the same seed (`prometheus`): the
+    registry file rewritten to point there."""
+    if prometheus["name"] != cluster["name"]:
+        raise SystemExit(f"the second simulator serves {prometheus['name']}, not {cluster['name']}")
+    document = yaml.safe_load(cluster["registry"].read_text())
+    document["clusters"][0]["prometheus_url"] = prometheus["prometheus_url"]
+    cluster["registry"].write_text(yaml.safe_dump(document, sort_keys=False))
+    return {**cluster, "prometheus_url": prometheus["prometheus_url"], "prometheus_base": prometheus["base"]}
+
+
+def bases(cluster: dict) -> list[str]:
+    """The simulators the cluster is served by: one, or the Kubernetes API's and Prometheus'."""
+    return list(dict.fromkeys([cluster["base"], cluster["prometheus_base"]]))
 
 
 def requests_seen(base: str, reset: bool = False) -> dict:
@@ -103,7 +126,6 @@ def bare_read(cluster: dict, made: list[tuple[str, str]]) -> tuple[float, float]
     from lens_pipeline.memory import paused_gc
 
     config = load_registry(cluster["registry"]).get(cluster["name"])
-    base = cluster["base"]
     kube = [(p, q) for p, q in made if not p.startswith("/prometheus/")]
     prom = [(p, q) for p, q in made if p.startswith("/prometheus/")]
     with KubeReader(config) as reader, paused_gc(freeze=False):
@@ -118,7 +140,7 @@ def bare_read(cluster: dict, made: list[tuple[str, str]]) -> tuple[float, float]
         kube_seconds = time.perf_counter() - started
         pool = urllib3.PoolManager()
         for path, query in prom:
-            response = pool.request("GET", f"{base}{path}?{query}")
+            response = pool.request("GET", f"{cluster['prometheus_base']}{path}?{query}")
             orjson.loads(response.data)
         prom_seconds = time.perf_counter() - started - kube_seconds
     return kube_seconds, prom_seconds
@@ -144,22 +166,41 @@ def main() -> int:
     parser.add_argument("--assets", nargs="+", default=list(ALL), choices=ALL)
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--first-only", action="store_true", help="skip the no-change run (for profiling)")
+    parser.add_argument(
+        "--prometheus-apart",
+        action="store_true",
+        help="the cluster's Prometheus from a second simulator process (same seed), not the Kubernetes API's",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-collectors-"))
     started = time.perf_counter()
-    sim, cluster = start_simulator(work, args.nodes, args.pods_per_node)
-    print(f"simulator ready in {time.perf_counter() - started:.1f} s")
+    sims = []
     try:
+        sim, cluster = start_simulator(work, args.nodes, args.pods_per_node)
+        sims.append(sim)
+        if args.prometheus_apart:
+            (work / "prometheus").mkdir()
+            prometheus_sim, prometheus = start_simulator(work / "prometheus", args.nodes, args.pods_per_node)
+            sims.append(prometheus_sim)
+            cluster = prometheus_apart(cluster, prometheus)
+        print(
+            f"{len(sims)} simulator process(es) ready in {time.perf_counter() - started:.1f} s; "
+            f"Kubernetes API {cluster['base']}, Prometheus {cluster['prometheus_url']}"
+        )
         url = args.database_url or f"sqlite:///{work / 'lens.db'}"
         labels = ("first run",) if args.first_only else ("first run", "no-change run")
-        return run(cluster, url, args.assets, labels, sim.pid)
+        return run(cluster, url, args.assets, labels, [s.pid for s in sims])
     finally:
-        sim.terminate()
-        sim.wait(timeout=30)
+        for sim in sims:
+            sim.terminate()
+        for sim in sims:
+            sim.wait(timeout=30)
 
 
-def run(cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...], simulator_pid: int) -> int:
+def run(
+    cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...], simulator_pids: list[int]
+) -> int:
     from dagster import AssetKey, instance_for_test, materialize
 
     from lens_pipeline.defs import resources
@@ -171,10 +212,11 @@ def run(cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...]
         summary: list[tuple[str, float, float, float, float]] = []
         print(f"{', '.join(asset_names)}; database {url.split(':')[0]}")
         for label in labels:
-            requests_seen(cluster["base"], reset=True)
+            for base in bases(cluster):
+                requests_seen(base, reset=True)
             started = time.perf_counter()
             cpu_before = _cpu_seconds()
-            others_before = _others_cpu(simulator_pid)
+            others_before = _others_cpu(simulator_pids)
             result = materialize(
                 [cluster_assets],
                 selection=[AssetKey(name) for name in asset_names],
@@ -190,7 +232,7 @@ def run(cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...]
             cpu = _cpu_seconds() - cpu_before
             simulator_cpu, database_cpu, machine_busy = (
                 after - before
-                for after, before in zip(_others_cpu(simulator_pid), others_before, strict=True)
+                for after, before in zip(_others_cpu(simulator_pids), others_before, strict=True)
             )
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             rows = {}
@@ -202,7 +244,10 @@ def run(cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...]
                 )
                 meta = {k: v.value for k, v in event.metadata.items()}
                 rows[name] = f"{meta['dagster/row_count']} rows ({meta['duration_seconds']:.2f} s)"
-            counts = requests_seen(cluster["base"])
+            counts: dict[str, int] = {}
+            for base in bases(cluster):
+                for path, n in requests_seen(base).items():
+                    counts[path] = counts.get(path, 0) + n
             kube = sum(n for p, n in counts.items() if "/prometheus/" not in p)
             prom = sum(n for p, n in counts.items() if "/prometheus/" in p)
             print(
@@ -210,11 +255,13 @@ def run(cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...]
                 f"Prometheus queries {prom}; {'; '.join(f'{k}: {v}' for k, v in rows.items())}"
             )
             print(
-                f"    cpu of the simulator {simulator_cpu:.2f} s, of PostgreSQL {database_cpu:.2f} s; "
+                f"    cpu of the simulator(s) {simulator_cpu:.2f} s, of PostgreSQL {database_cpu:.2f} s; "
                 f"machine busy {machine_busy:.2f} s of {CORES * wall:.2f} core-seconds ({CORES} cores)"
             )
             print(f"    requests: {json.dumps(counts)}")
-            kube_floor, prom_floor = bare_read(cluster, requests_made(cluster["base"]))
+            kube_floor, prom_floor = bare_read(
+                cluster, [r for base in bases(cluster) for r in requests_made(base)]
+            )
             floor = kube_floor + prom_floor
             summary.append((label, wall, kube_floor, floor, peak))
             print(
@@ -236,10 +283,11 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _others_cpu(simulator_pid: int) -> tuple[float, float, float]:
-    """CPU seconds of the simulator and of PostgreSQL so far, and the whole machine's busy seconds:
+def _others_cpu(simulator_pids: list[int]) -> tuple[float, float, float]:
+    """CPU seconds of the simulators and of PostgreSQL so far, and the whole machine's busy seconds:
     on a small machine they compete with the collectors for the same cores."""
-    return process_cpu_seconds(simulator_pid), postgres_cpu_seconds(), machine_busy_seconds()
+    simulators = sum(map(process_cpu_seconds, simulator_pids))
+    return simulators, postgres_cpu_seconds(), machine_busy_seconds()
 
 
 if __name__ == "__main__":
