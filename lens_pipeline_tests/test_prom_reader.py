@@ -40,11 +40,12 @@ MALFORMED_POINTS = [[1.7e9, "idle"], [1.7e9], "point", [1e300, "1"], [-5, "1"], 
 
 class CannedPrometheus:
     """Answers every query with `instant` (/api/v1/query) or `range` (/api/v1/query_range) as its
-    `data.result`, wrapped as Prometheus wraps it."""
+    `data.result`, wrapped as Prometheus wraps it; or with `body` as it is, when set."""
 
     def __init__(self) -> None:
         self.instant: object = []
         self.range: object = []
+        self.body: bytes | None = None
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -52,7 +53,9 @@ class CannedPrometheus:
                 ranged = self.path.startswith("/api/v1/query_range")
                 result = server.range if ranged else server.instant
                 kind = "matrix" if ranged else "vector"
-                body = orjson.dumps({"status": "success", "data": {"resultType": kind, "result": result}})
+                body = server.body or orjson.dumps(
+                    {"status": "success", "data": {"resultType": kind, "result": result}}
+                )
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -123,3 +126,21 @@ def test_an_answer_that_is_no_list_of_series_is_an_error_for_the_query(prometheu
     prometheus.instant = result
     with pytest.raises(PromError, match="result should be a list"):
         prometheus.reader().vector("gpu_utilization")
+
+
+@pytest.mark.parametrize("ahead", [False, True], ids=["asked", "asked-ahead"])
+@pytest.mark.parametrize(
+    "body",
+    [b"<html>gateway</html>", b'{"status": "success"}', b'{"data": 5}'],
+    ids=["html", "no-data", "data-5"],
+)
+def test_a_200_that_is_no_prometheus_answer_is_an_error_for_the_query(prometheus, body, ahead):
+    """Answers asked ahead are read on the background thread and parsed when taken: a body that is
+    no Prometheus answer is the same error either way."""
+    prometheus.body = body
+    reader = prometheus.reader()
+    if ahead:
+        reader.prefetch(["gpu_utilization"])
+    with pytest.raises(PromError, match=r"gpu_utilization.*malformed response: not a Prometheus answer"):
+        reader.vector("gpu_utilization")
+    reader.close()

@@ -40,7 +40,7 @@ class PromError(RuntimeError):
         super().__init__(f"cluster {cluster!r}: Prometheus query {query!r}: {message}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
     labels: dict[str, str]
     value: float
@@ -74,7 +74,7 @@ class PromReader:
     malformed_examples: list[str] = field(default_factory=list)
     _client: PrometheusConnect | None = field(default=None, repr=False)
     _session: requests.Session | None = field(default=None, repr=False)
-    _early: dict[str, Future[tuple[list[Sample], list[str]]]] = field(default_factory=dict, repr=False)
+    _early: dict[str, Future[bytes]] = field(default_factory=dict, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -128,7 +128,7 @@ class PromReader:
             except PromError:
                 return  # `vector` raises it, query by query
             for query in fresh:
-                self._early[query] = self._background().submit(self._vector, query)
+                self._early[query] = self._background().submit(self._answer, query)
 
     def in_background(self, work: Callable[[], T]) -> Future[T]:
         """Run `work` on the thread that asks the prefetched queries, after those asked so far; what
@@ -177,9 +177,8 @@ class PromReader:
         query), unless `keep_nonfinite` asks for them."""
         self.queries += 1
         early = self._early.pop(query, None)
-        samples, skipped = (
-            early.result() if early is not None and not early.cancelled() else self._vector(query)
-        )
+        body = early.result() if early is not None and not early.cancelled() else self._answer(query)
+        samples, skipped = self._samples(query, body)
         self._skipped(query, skipped)
         if keep_nonfinite:
             return samples
@@ -188,10 +187,18 @@ class PromReader:
             self.nonfinite[query] = self.nonfinite.get(query, 0) + len(samples) - len(finite)
         return finite
 
-    def _vector(self, query: str) -> tuple[list[Sample], list[str]]:
-        """The answer's samples and a description of each malformed one (counted by the caller's
-        thread: this may run in the prefetch thread)."""
-        result = _result_list(self.cluster, query, self._ask(query, lambda _client: self._instant(query)))
+    def _answer(self, query: str) -> bytes:
+        """The body of Prometheus' answer to the instant `query` (on the prefetch thread, or the
+        caller's), read but not parsed: parsed on the prefetch thread, the samples were Python
+        work competing for the GIL with the collector's thread."""
+        return self._ask(query, lambda _client: self._instant(query))
+
+    def _samples(self, query: str, body: bytes) -> tuple[list[Sample], list[str]]:
+        """The answer's samples and a description of each malformed one."""
+        try:
+            result = _result_list(self.cluster, query, _parse_answer(body))
+        except ValueError as exc:
+            raise PromError(self.cluster, query, f"malformed response: {exc}") from None
         samples, skipped = [], []
         for series in result:
             try:
@@ -213,11 +220,9 @@ class PromReader:
         room = MAX_MALFORMED_EXAMPLES - len(self.malformed_examples)
         self.malformed_examples += [f"{query}: {what}" for what in skipped[: max(room, 0)]]
 
-    def _instant(self, query: str) -> Any:
+    def _instant(self, query: str) -> bytes:
         """What `custom_query(query)` asks, on the session the client was given (its retries
-        mounted), with the answer parsed by orjson: an answer naming every GPU of a 5,000-node
-        cluster is megabytes of JSON, several times slower to parse with the standard `json` that
-        the client uses."""
+        mounted); the body is parsed by `_parse_answer`, not by the client's standard `json`."""
         assert self._session is not None  # made with the client, by `_ask`
         response = self._session.get(
             f"{self.url}/api/v1/query", params={"query": query}, timeout=self.timeout_seconds
@@ -226,10 +231,7 @@ class PromReader:
             raise PrometheusApiClientException(
                 f"HTTP Status Code {response.status_code} ({response.content!r})"
             )
-        try:
-            return orjson.loads(response.content)["data"]["result"]
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"not a Prometheus answer: {exc}") from None
+        return response.content
 
     def metric_names(self, lookback_seconds: float = LOOKBACK_SECONDS) -> set[str]:
         """Every metric name with samples in the last `lookback_seconds`: one request, whatever the
@@ -321,6 +323,16 @@ class PromReader:
         return out
 
 
+def _parse_answer(body: bytes) -> Any:
+    """The `result` of an instant query's answer, parsed by orjson: an answer naming every GPU of a
+    5,000-node cluster is megabytes of JSON, several times slower to parse with the standard `json`
+    the client uses."""
+    try:
+        return orjson.loads(body)["data"]["result"]
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a Prometheus answer: {exc}") from None
+
+
 def _result_list(cluster: str, query: str, result: Any) -> list:
     """The answer's `result`: a list of series, or an error for the whole answer."""
     if result is None:
@@ -335,11 +347,13 @@ def _labels(series: Any) -> dict[str, str]:
     if not isinstance(series, dict):
         raise TypeError("a series should be an object")
     labels = series.get("metric") or {}
-    if not isinstance(labels, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-    ):
+    if not isinstance(labels, dict):
         raise TypeError("metric should map label names to text")
-    if any("\x00" in k or "\x00" in v for k, v in labels.items()):
+    try:  # joined in C: a name or value that is not text fails the join (a loop was 1-2 µs a label)
+        text = "".join(labels) + "".join(labels.values())
+    except TypeError:
+        raise TypeError("metric should map label names to text") from None
+    if "\x00" in text:
         raise ValueError("a label holds a NUL character (no text column stores one)")
     return labels
 
