@@ -68,12 +68,30 @@ def start_simulator(
         stdout=subprocess.PIPE,
         text=True,
     )
-    for line in sim.stdout:  # type: ignore[union-attr]
-        if line.startswith("serving"):
-            break
-    entry = yaml.safe_load(registry.read_text())["clusters"][0]
+    try:
+        for line in sim.stdout:  # type: ignore[union-attr]
+            if line.startswith("serving"):
+                break
+        else:
+            raise SystemExit(f"the simulator exited ({sim.wait()}) before serving")
+        entry = yaml.safe_load(registry.read_text())["clusters"][0]
+    except BaseException:
+        stop_simulators([sim])
+        raise
     base = entry["prometheus_url"].removesuffix("/prometheus")
     return sim, {**entry, "registry": registry, "base": base, "prometheus_base": base}
+
+
+def stop_simulators(sims: list[subprocess.Popen]) -> None:
+    """Each simulator asked to stop, then killed if it has not within 30 s."""
+    for sim in sims:
+        sim.terminate()
+    for sim in sims:
+        try:
+            sim.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+            sim.wait()
 
 
 def prometheus_apart(cluster: dict, prometheus: dict) -> dict:
@@ -192,10 +210,7 @@ def main() -> int:
         labels = ("first run",) if args.first_only else ("first run", "no-change run")
         return run(cluster, url, args.assets, labels, [s.pid for s in sims])
     finally:
-        for sim in sims:
-            sim.terminate()
-        for sim in sims:
-            sim.wait(timeout=30)
+        stop_simulators(sims)
 
 
 def run(

@@ -139,8 +139,10 @@ def test_a_200_that_is_no_prometheus_answer_is_an_error_for_the_query(prometheus
     no Prometheus answer is the same error either way."""
     prometheus.body = body
     reader = prometheus.reader()
-    if ahead:
-        reader.prefetch(["gpu_utilization"])
-    with pytest.raises(PromError, match=r"gpu_utilization.*malformed response: not a Prometheus answer"):
-        reader.vector("gpu_utilization")
-    reader.close()
+    try:
+        if ahead:
+            reader.prefetch(["gpu_utilization"])
+        with pytest.raises(PromError, match=r"gpu_utilization.*malformed response: not a Prometheus answer"):
+            reader.vector("gpu_utilization")
+    finally:
+        reader.close()
