@@ -231,7 +231,6 @@ def run(
                 requests_seen(base, reset=True)
             started = time.perf_counter()
             cpu_before = _cpu_seconds()
-            children_before = _children_cpu_seconds()
             others_before = _others_cpu(simulator_pids)
             result = materialize(
                 [cluster_assets],
@@ -251,7 +250,6 @@ def run(
                 for after, before in zip(_others_cpu(simulator_pids), others_before, strict=True)
             )
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            worker_cpu = _children_cpu_seconds() - children_before
             rows = {}
             for name in asset_names:
                 (event,) = (
@@ -272,8 +270,7 @@ def run(
                 f"Prometheus queries {prom}; {'; '.join(f'{k}: {v}' for k, v in rows.items())}"
             )
             print(
-                f"    cpu of the parse worker(s) {worker_cpu:.2f} s, peak RSS {_worker_peak_mib():.0f} MiB; "
-                f"cpu of the simulator(s) {simulator_cpu:.2f} s, of PostgreSQL {database_cpu:.2f} s; "
+                f"    cpu of the simulator(s) {simulator_cpu:.2f} s, of PostgreSQL {database_cpu:.2f} s; "
                 f"machine busy {machine_busy:.2f} s of {CORES * wall:.2f} core-seconds ({CORES} cores)"
             )
             print(f"    requests: {json.dumps(counts)}")
@@ -292,21 +289,6 @@ def run(
             f"{wall / floor:.2f}x with Prometheus ({floor:.2f} s); peak RSS {peak:.0f} MiB"
         )
     return 0
-
-
-def _children_cpu_seconds() -> float:
-    """CPU of this process's children that have ended: the parse workers of the runs (`kube.apart`;
-    the simulators end only with the benchmark)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def _worker_peak_mib() -> float:
-    """The largest peak RSS of the parse workers so far, as they reported it (`ru_maxrss` of
-    children would count the size of this process at each worker's start)."""
-    from lens_pipeline.kube.apart import ParseWorker
-
-    return ParseWorker.largest_peak_rss_kib / 1024
 
 
 def _cpu_seconds() -> float:

@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from lens_pipeline import settings
 from lens_pipeline.clusters import ClusterConfig, Registry, load_registry
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
-from lens_pipeline.kube.reader import APART_MIN_ITEMS, PAGE_SIZE, KubeReader
+from lens_pipeline.kube.reader import PAGE_SIZE, KubeReader
 from lens_pipeline.prom.reader import PromReader
 from lens_pipeline.retry import KUBE_REQUEST, KUBE_RETRIES
 from lens_pipeline.store.db import get_engine
@@ -72,9 +72,6 @@ class KubernetesResource(ConfigurableResource):
     max_retries: int = KUBE_RETRIES
     backoff_seconds: float = KUBE_REQUEST.first
     max_list_restarts: int = 3  # a continue token that expired (410) restarts the LIST this often
-    # A pod list of at least this many objects is parsed in a worker process, on another core
-    # (`kube.apart`); None parses every list in the run's own process.
-    parse_apart_min_items: int | None = APART_MIN_ITEMS
     # One snapshot per cluster in a run: the collectors of a cluster share every LIST.
     _snapshots: dict = PrivateAttr(default_factory=dict)
 
@@ -85,7 +82,6 @@ class KubernetesResource(ConfigurableResource):
             max_retries=self.max_retries,
             backoff_seconds=self.backoff_seconds,
             max_restarts=self.max_list_restarts,
-            apart_min_items=self.parse_apart_min_items,
         )
 
     def snapshot(self, cluster: ClusterConfig) -> ClusterSnapshot:

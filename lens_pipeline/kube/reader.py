@@ -3,8 +3,7 @@
 One collection run makes one paged LIST per kind (limit=500 and continue tokens) and joins in
 memory. The client's model objects are slow to build at 100k pods, so it is used for
 configuration and auth only: responses are read raw, parsed with orjson, and each item is cut
-down by a `project` function while the next pages are fetched (`_PagesAhead`); a large list's
-pages may be parsed and cut down in a worker process, on another core (`kube.apart`). A continue token
+down by a `project` function while the next pages are fetched (`_PagesAhead`). A continue token
 that expired (410 Gone) restarts the whole list, so one LIST is always one consistent snapshot.
 """
 
@@ -30,7 +29,6 @@ from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
 
 from lens_pipeline.clusters import ClusterConfig
-from lens_pipeline.kube.apart import ParseWorker, WorkerUsage, project_frame
 from lens_pipeline.memory import paused_gc
 from lens_pipeline.retry import KUBE_REQUEST, KUBE_RETRIES
 
@@ -42,11 +40,6 @@ PAGE_SIZE = 500
 # one more, received, until there is room): the API server is never left waiting for us.
 PAGES_AHEAD = 2
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
-# A list asked to go apart (`KubeReader.list(apart=True)`) has its pages parsed and cut down by a
-# worker process once it is known to hold at least this many objects (those read so far and the
-# `remainingItemCount` the API server gives, when it gives one): a worker costs about half a
-# CPU-second to start, and saves about 25 us of the collector's thread per object.
-APART_MIN_ITEMS = 20_000
 
 
 class KubeError(RuntimeError):
@@ -65,7 +58,6 @@ class ListStats:
     restarts: int = 0
     retries: int = 0
     by_path: dict[str, int] = field(default_factory=dict)
-    pages_apart: int = 0  # pages a worker process parsed and cut down
 
     def since(self, earlier: ListStats) -> ListStats:
         """What happened after `earlier` was copied (several collectors share one reader per run)."""
@@ -79,11 +71,10 @@ class ListStats:
                 for k, v in self.by_path.items()
                 if v != earlier.by_path.get(k, 0)
             },
-            self.pages_apart - earlier.pages_apart,
         )
 
     def copy(self) -> ListStats:
-        return replace(self, by_path=dict(self.by_path))
+        return ListStats(self.requests, self.pages, self.restarts, self.retries, dict(self.by_path))
 
 
 def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
@@ -164,10 +155,8 @@ class KubeReader:
         max_restarts: int = 3,
         max_retries: int = KUBE_RETRIES,
         backoff_seconds: float = KUBE_REQUEST.first,
-        apart_min_items: int | None = APART_MIN_ITEMS,
     ) -> None:
         self.cluster = cluster
-        self.apart_min_items = apart_min_items  # None: every page parsed in this process
         self.page_size = page_size
         self.max_restarts = max_restarts
         self.max_retries = max_retries
@@ -181,10 +170,6 @@ class KubeReader:
         # Set when the API could not be reached at all: later requests of this reader fail at
         # once instead of waiting out the same timeouts again.
         self._unreachable: str | None = None
-        self._worker: ParseWorker | None = None
-        self._worker_failed: str | None = None  # the worker process could not be started
-        # What the worker processes of this reader used, added up as each is closed.
-        self.apart_usage = WorkerUsage()
 
     @property
     def api(self) -> k8s_client.ApiClient:
@@ -196,11 +181,6 @@ class KubeReader:
         if self._api is not None:
             self._api.close()
             self._api = None
-        if self._worker is not None:
-            usage = self._worker.close()
-            self._worker = None
-            self.apart_usage.peak_rss_kib = max(self.apart_usage.peak_rss_kib, usage.peak_rss_kib)
-            self.apart_usage.cpu_seconds += usage.cpu_seconds
 
     def __enter__(self) -> KubeReader:
         return self
@@ -215,16 +195,12 @@ class KubeReader:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
-        apart: bool = False,
     ) -> list[T]:
-        """Every item of the collection at `path`, each passed through `project`, in one snapshot.
-
-        `apart`: a large list's pages may be parsed and passed through `project` in a worker process
-        (`kube.apart`); `project` must then be pure and pickle by reference. The items are the same."""
+        """Every item of the collection at `path`, each passed through `project`, in one snapshot."""
         # Parsed JSON holds no reference cycles, but building millions of dicts makes the cyclic
         # collector rescan the whole heap again and again: at 150k pods that was most of the time.
         with paused_gc():
-            return self._list(path, project, label_selector, field_selector, apart)
+            return self._list(path, project, label_selector, field_selector)
 
     def _list(
         self,
@@ -232,40 +208,29 @@ class KubeReader:
         project: Callable[[dict[str, Any]], T],
         label_selector: str | None,
         field_selector: str | None,
-        apart: bool,
     ) -> list[T]:
         for attempt in range(self.max_restarts + 1):
             items: list[T] = []
             token: str | None = None
             with _PagesAhead(self, path, label_selector, field_selector) as pages:
                 while True:
-                    status, body, followed, sent = pages.next()
+                    status, body, followed = pages.next()
                     if status == 410 and token:
                         break  # the snapshot expired under us: start the list again
                     if status != 200:
                         raise KubeError(self.cluster.name, path, _status_message(body), status)
+                    page = _parse(self.cluster.name, path, body)
+                    del body
                     self.stats.pages += 1
-                    answer = self._worker.take() if sent and self._worker is not None else None
-                    if answer is not None:
-                        token, projected = answer
-                        items.extend(projected)
-                        self.stats.pages_apart += 1
-                        del body, projected
-                    else:
-                        page = _parse(self.cluster.name, path, body)
-                        del body
-                        raw_items = page.get("items")
-                        if not isinstance(raw_items, list):
-                            raise KubeError(self.cluster.name, path, "list response has no 'items' array")
-                        metadata = page.get("metadata")
-                        token = metadata.get("continue") if isinstance(metadata, dict) else None
-                        remaining = metadata.get("remainingItemCount") if isinstance(metadata, dict) else None
-                        items.extend(project(item) for item in raw_items)
-                        del page, raw_items
-                        if apart and token and not pages.apart:
-                            self._go_apart(pages, project, len(items), remaining)
+                    raw_items = page.get("items")
+                    if not isinstance(raw_items, list):
+                        raise KubeError(self.cluster.name, path, "list response has no 'items' array")
+                    metadata = page.get("metadata")
+                    token = metadata.get("continue") if isinstance(metadata, dict) else None
                     if token and token != followed:
                         pages.restart(token)  # the fetcher could not read it, or read it wrong
+                    items.extend(project(item) for item in raw_items)
+                    del page, raw_items
                     if not token:
                         return items
             self.stats.restarts += 1
@@ -278,31 +243,6 @@ class KubeReader:
         raise KubeError(
             self.cluster.name, path, f"continue token expired {self.max_restarts + 1} times in a row", 410
         )
-
-    def _go_apart(
-        self, pages: _PagesAhead, project: Callable[[dict[str, Any]], Any], listed: int, remaining: object
-    ) -> None:
-        """Have the worker parse the list's next pages, if the list is large enough to be worth it."""
-        if self.apart_min_items is None or self._worker_failed is not None:
-            return
-        expected = listed + (remaining if isinstance(remaining, int) and remaining > 0 else 0)
-        if expected < self.apart_min_items:
-            return
-        frame = project_frame(project)
-        if frame is None:
-            log.warning(
-                "cluster %s: the list's project function does not pickle; parsed here", self.cluster.name
-            )
-            return
-        if self._worker is None:
-            try:
-                self._worker = ParseWorker()
-            except OSError as exc:
-                self._worker_failed = str(exc)
-                log.warning("cluster %s: no parse worker (%s); pages parsed here", self.cluster.name, exc)
-                return
-        if self._worker.broken is None:
-            pages.go_apart(self._worker, frame)
 
     def _list_query(
         self, token: str | None, label_selector: str | None, field_selector: str | None
@@ -420,14 +360,8 @@ class _PagesAhead:
         self._selectors = (label_selector, field_selector)
         self._stop = threading.Event()
         self._helper: threading.Thread | None = None
-        self._pages: queue.Queue[tuple[int, bytes, str | None, bool] | BaseException] = queue.Queue()
-        # Set by the caller once the list goes apart: the worker, and the project as it receives it.
-        self.apart: tuple[ParseWorker, bytes] | None = None
+        self._pages: queue.Queue[tuple[int, bytes, str | None] | BaseException] = queue.Queue()
         self.restart(None)
-
-    def go_apart(self, worker: ParseWorker, project: bytes) -> None:
-        """Send the worker every page fetched from now on."""
-        self.apart = (worker, project)
 
     def restart(self, token: str | None) -> None:
         """Forget what was fetched ahead and fetch again from `token`."""
@@ -439,25 +373,20 @@ class _PagesAhead:
         )
         self._helper.start()
 
-    def next(self) -> tuple[int, bytes, str | None, bool]:
-        """(status, body, the continue token the next page was fetched with if any, whether the
-        body went to the worker)."""
+    def next(self) -> tuple[int, bytes, str | None]:
+        """(status, body, the continue token the next page was fetched with, if any)."""
         page = self._pages.get()
         if isinstance(page, BaseException):
             raise page
         return page
 
     def _fetch(self, token: str | None, stop: threading.Event, pages: queue.Queue) -> None:
-        alternate = False
         try:
             while not stop.is_set():
                 query = self._reader._list_query(token, *self._selectors)
                 status, body = self._reader._get(self._path, query)
                 token = _peek_continue(body) if status == 200 else None
-                apart = self.apart
-                alternate = not alternate
-                sent = status == 200 and apart is not None and alternate and apart[0].send(body, apart[1])
-                _put(pages, (status, body, token, sent), stop)
+                _put(pages, (status, body, token), stop)
                 if token is None:
                     return
         except BaseException as exc:  # the caller raises it
@@ -469,8 +398,6 @@ class _PagesAhead:
         self._stop.set()
         if self._helper is not None:
             self._helper.join()
-        if self.apart is not None:
-            self.apart[0].drain()  # the answers of pages sent and now never to be read
 
     def __enter__(self) -> _PagesAhead:
         return self

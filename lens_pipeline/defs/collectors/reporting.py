@@ -51,7 +51,6 @@ def read_metadata(stats: ListStats, prom_queries: int) -> dict[str, Any]:
     return {
         "kubernetes_requests": stats.requests,
         "kubernetes_pages": stats.pages,
-        "kubernetes_pages_parsed_apart": stats.pages_apart,
         "kubernetes_list_restarts": stats.restarts,
         "kubernetes_retries": stats.retries,
         "prometheus_queries": prom_queries,

@@ -57,8 +57,7 @@ class ClusterSnapshot:
             resources=gpu_resources(self.cluster.vendor),
             known=self.stored_pods.current,
         )
-        # `project_gpu_pod` is pure: a large pod list is parsed and cut down in a worker process.
-        return [p for p in self.reader.list("/api/v1/pods", project, apart=True) if p is not None]
+        return [p for p in self.reader.list("/api/v1/pods", project) if p is not None]
 
     @property
     def gpu_pods(self) -> list[GpuPod]:
