@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from lens_pipeline_tests.conftest import skip_unless
-from lens_pipeline_tests.ingest.support import free_port
+from lens_pipeline_tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -63,14 +63,13 @@ def test_lens_demo_on_a_taken_port_says_which_flag_to_change(tmp_path):
 def test_lens_api_serves_the_database_of_the_environment(tmp_path):
     """`lens api` in its own process: the schema is created, health answers, a token guards /v1."""
     import json
-    import socket
     import time
     import urllib.error
     import urllib.request
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from lens_pipeline_tests.ports import free_port
+
+    port = free_port()
     url = f"sqlite:///{tmp_path / 'lens.db'}"
     env = {**os.environ, "LENS_DATABASE_URL": url, "LENS_API_TOKEN": "t0ken"}
     lens = Path(sys.executable).with_name("lens")
@@ -209,7 +208,7 @@ def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path
 
     import psutil
 
-    from lens_pipeline_tests.ingest.support import free_port
+    from lens_pipeline_tests.ports import free_port
 
     lens = Path(sys.executable).with_name("lens")
     command = [str(lens), "demo", "--clusters", "1", "--nodes", "2", "--state-dir", str(tmp_path / "demo")]

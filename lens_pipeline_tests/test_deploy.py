@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from lens_pipeline_tests.conftest import skip_unless
-from lens_pipeline_tests.ingest.support import free_port
+from lens_pipeline_tests.ports import free_port
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 BIN = Path(sys.executable).parent

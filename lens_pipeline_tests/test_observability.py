@@ -33,7 +33,7 @@ from lens_pipeline.store.event_log import quarantine
 from lens_pipeline_tests.conftest import skip_unless
 from lens_pipeline_tests.defs.support import served_fleet
 from lens_pipeline_tests.defs.test_derived_against_truth import run_cluster
-from lens_pipeline_tests.ingest.support import free_port
+from lens_pipeline_tests.ports import free_port
 from lens_pipeline_tests.test_deploy import rendered_overlay
 
 BIN = Path(sys.executable).parent

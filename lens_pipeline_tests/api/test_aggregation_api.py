@@ -19,8 +19,9 @@ from lens_pipeline.store.db import get_engine, write_transaction
 from lens_pipeline.store.hourly import replace_hour_tables
 from lens_pipeline.store.migrate import ensure_schema
 from lens_pipeline.store.schema import gpu_workload, node
-from lens_pipeline_tests.api.test_api import TOKEN, Api, _free_port
+from lens_pipeline_tests.api.test_api import TOKEN, Api
 from lens_pipeline_tests.conftest import _server_database
+from lens_pipeline_tests.ports import free_port
 
 CLUSTER = "agg-1"
 START = datetime(2026, 11, 24, tzinfo=UTC)  # a day of hours from here
@@ -86,7 +87,7 @@ def api(request, tmp_path_factory) -> Iterator[Api]:
         for index in range(HOURS):
             hour = START + timedelta(hours=index)
             replace_hour_tables(conn, CLUSTER, hour, hour_tables(_hour(hour.timestamp(), index)), now)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(engine, token=TOKEN), host="127.0.0.1", port=port, log_level="warning")
     )

@@ -31,6 +31,7 @@ from lens_pipeline.store.schema import cluster_overview_cache, gpu_consumers, no
 from lens_pipeline_tests.conftest import _server_database
 from lens_pipeline_tests.defs.test_collectors_against_truth import table, truth
 from lens_pipeline_tests.defs.test_derived_against_truth import run_cluster
+from lens_pipeline_tests.ports import free_port
 
 TOKEN = "s3cret-token"
 # Seconds: the copy follows the table within its refresh (1 s) and a read; a copy not refreshed for
@@ -43,12 +44,6 @@ INJECTIONS = (
     "%' UNION SELECT * FROM node --",
     "\\'%_",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Api:
@@ -84,7 +79,7 @@ def served(request, tmp_path_factory) -> Iterator[tuple[Api, str, dict, str]]:
         for cluster in fleet:
             run_cluster(cluster.name, registry, lens_url, f"sqlite:///{tmp}/safe.db", instance)
         truths = {c.name: truth(server, c.name) for c in fleet}
-    port = _free_port()
+    port = free_port()
     config = uvicorn.Config(
         create_app(get_engine(lens_url), token=TOKEN),
         host="127.0.0.1",

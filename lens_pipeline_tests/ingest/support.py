@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -80,12 +79,6 @@ def start_lens_ingest(
             assert process.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, f"lens ingest did not become healthy: {log_path.read_text()}"
             time.sleep(0.1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def gpu_container(index: int, status: str, *, vendor: str = "amd", gpus: int = 2, nics: int = 1) -> dict:

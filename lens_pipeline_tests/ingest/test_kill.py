@@ -13,12 +13,12 @@ from sqlalchemy.engine import make_url
 from lens_pipeline.sim import node_agent as agent
 from lens_pipeline_tests.ingest.support import (
     container_id,
-    free_port,
     gpu_container,
     logged,
     start_lens_ingest,
     stream_and_kill,
 )
+from lens_pipeline_tests.ports import free_port
 
 # A 100,000-event stream on SQLite and PostgreSQL; MariaDB logs about 1,000 events a second here,
 # so its stream is shorter (the same kill, the same checks).

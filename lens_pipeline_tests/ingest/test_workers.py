@@ -24,12 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from lens_pipeline.sim import node_agent as agent
 from lens_pipeline_tests.ingest.support import (
     container_id,
-    free_port,
     gpu_container,
     logged,
     start_lens_ingest,
     stream_and_kill,
 )
+from lens_pipeline_tests.ports import free_port
 
 # On SQLite and PostgreSQL: each worker is a log writer of its own.
 on_sqlite_and_postgresql = pytest.mark.parametrize("db_urls", ["sqlite", "postgresql"], indirect=True)

@@ -8,7 +8,6 @@ CI installs `prometheus`; there this test must not skip.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -46,14 +45,9 @@ from lens_pipeline_tests.defs.support import materialize_cluster, statistics_con
 from lens_pipeline_tests.defs.test_collectors_against_truth import DEVICE_COLUMNS, observable, table, truth
 from lens_pipeline_tests.defs.test_derived_against_truth import STATISTICS, gpus_by_pod, workload_gpus
 from lens_pipeline_tests.defs.test_gpu_nodes import assert_table_equals_truth
+from lens_pipeline_tests.ports import free_port
 
 READY_TIMEOUT = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _samples(reader: PromReader, query: str) -> dict[frozenset, float]:
@@ -71,7 +65,7 @@ def real_prometheus(fleet: SimFleet, server: SimServer, work: Path) -> Iterator[
         for cluster in fleet:
             config = work / f"{cluster.name}.yml"
             config.write_text(yaml.safe_dump(prometheus_config(cluster, server, scrape_interval="1s")))
-            port = _free_port()
+            port = free_port()
             processes.append(
                 subprocess.Popen(
                     [
@@ -331,7 +325,7 @@ def test_the_simulators_past_is_what_a_real_prometheus_recorded(tmp_path):
     with SimServer(fleet) as server:
         config = tmp_path / "prometheus.yml"
         config.write_text(yaml.safe_dump(prometheus_config(cluster, server, scrape_interval="1s")))
-        port = _free_port()
+        port = free_port()
         process = subprocess.Popen(
             [
                 binary,
