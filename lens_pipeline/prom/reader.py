@@ -196,12 +196,8 @@ class PromReader:
 
     def _samples(self, query: str, body: bytes) -> tuple[list[Sample], list[str]]:
         """The answer's samples and a description of each malformed one."""
-        try:
-            result = _result_list(self.cluster, query, _parse_answer(body))
-        except ValueError as exc:
-            raise PromError(self.cluster, query, f"malformed response: {exc}") from None
         samples, skipped = [], []
-        for series in result:
+        for series in _result_list(self.cluster, query, _parse_answer(self.cluster, query, body)):
             try:
                 labels = _labels(series)
                 value = series["value"]
@@ -324,14 +320,14 @@ class PromReader:
         return out
 
 
-def _parse_answer(body: bytes) -> Any:
+def _parse_answer(cluster: str, query: str, body: bytes) -> Any:
     """The `result` of an instant query's answer, parsed by orjson: an answer naming every GPU of a
     5,000-node cluster is megabytes of JSON, several times slower to parse with the standard `json`
     the client uses."""
     try:
         return orjson.loads(body)["data"]["result"]
     except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"not a Prometheus answer: {exc}") from None
+        raise PromError(cluster, query, f"malformed response: not a Prometheus answer: {exc}") from None
 
 
 def _result_list(cluster: str, query: str, result: Any) -> list:
