@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 STARTUP_TIMEOUT = 180.0
 CLUSTERS, PER_RUN = 3, 2
+DIALOG = "//*[@role='dialog']"
 
 
 @dataclass(frozen=True)
@@ -164,18 +165,28 @@ class Page:
         return False
 
     def describe(self) -> str:
-        """What a failed wait saw: the tooltips shown and the page's text."""
+        """What a failed wait saw: the tooltips shown, the text of any dialog shown (rendered at the
+        end of the page, past what the page's text below keeps), and the page's text."""
         try:
             tooltips = [
                 e.get_attribute("data-tooltip")
                 for e in self.driver.find_elements(self.by.XPATH, "//*[@data-tooltip]")
             ]
+            dialogs = [
+                e.text[:1000] for e in self.driver.find_elements(self.by.XPATH, DIALOG) if e.is_displayed()
+            ]
         except self.transient:
-            tooltips = []
-        return f"tooltips {tooltips[:40]}, page: {self.text()[:2000]}"
+            tooltips, dialogs = [], []
+        return f"tooltips {tooltips[:40]}, dialogs shown {dialogs}, page: {self.text()[:2000]}"
 
     def present(self, xpath: str) -> bool:
         return bool(self.driver.find_elements(self.by.XPATH, xpath))
+
+    def shown(self, xpath: str) -> bool:
+        try:
+            return any(e.is_displayed() for e in self.driver.find_elements(self.by.XPATH, xpath))
+        except self.transient:
+            return False
 
 
 def test_asset_graph_shows_the_lineage_from_the_collectors(demo, browser):
@@ -192,28 +203,39 @@ def test_a_cluster_partition_materialized_from_the_ui_succeeds(demo, browser):
     page = Page(browser)
     chosen, *others = _partitions(demo.base)
     browser.get(f"{demo.base}/assets/gpu_nodes")
-    dialog = "//*[@role='dialog']"
-    _open_custom_selection(page, dialog)
-    # Keep one cluster: remove the other clusters' tags from the selection, whichever are shown
-    # (on a slow machine the selection may first render without all of them).
+    dialog = DIALOG
+    # Keep one cluster: in the launch dialog's custom selection, remove the other clusters' tags,
+    # whichever are shown (on a slow machine the selection may first render without all of them).
+    # Each turn looks at where the dialog is and takes the next step from there: twice in CI the
+    # loop ran out with no partition tag shown (what the dialog showed was past what the message
+    # kept), so the selection was not where the last step had left it.
     others_tags = " or ".join(f"@data-tooltip='{other}'" for other in others)
     tag_close = f"{dialog}//*[{others_tags}]//*[@aria-label='close']/.."
     trail: list[str] = []  # what the loop did, for the failure message
     start = time.monotonic()
-    deadline = start + 120
+    deadline = start + 150
     while "Launch 1 run" not in page.text():
         assert time.monotonic() < deadline, (
-            f"the selection never came down to {chosen}; did {trail}: {page.describe()}"
+            f"the selection never came down to {chosen}; did {trail[-30:]}: {page.describe()}"
         )
-        if not page.present(dialog):  # closed under us (seen in CI)
-            trail.append(f"reopened at {time.monotonic() - start:.0f} s")
-            _open_custom_selection(page, dialog)
-        tags = len(browser.find_elements(page.by.XPATH, tag_close))
-        if page.click_if_shown(tag_close, in_place=True):
-            trail.append(f"removed one of {tags} at {time.monotonic() - start:.0f} s")
-            gone = time.monotonic() + 10  # let the dialog settle before the next click
-            while len(browser.find_elements(page.by.XPATH, tag_close)) >= tags and time.monotonic() < gone:
-                time.sleep(0.2)
+        at = f"at {time.monotonic() - start:.0f} s"
+        if not page.shown(dialog):
+            trail.append(f"clicked Materialize {at}")
+            page.click_if_shown("//button[starts-with(normalize-space(.), 'Materialize')]")
+            time.sleep(1)
+        elif not page.present(f"{dialog}//*[@data-tooltip='{chosen}']"):
+            if page.click_if_shown(f"{dialog}//button[normalize-space(.)='Custom']", in_place=True):
+                trail.append(f"clicked Custom {at}")
+            time.sleep(1)
+        else:
+            tags = len(browser.find_elements(page.by.XPATH, tag_close))
+            if page.click_if_shown(tag_close, in_place=True):
+                trail.append(f"removed one of {tags} {at}")
+                gone = time.monotonic() + 10  # let the dialog settle before the next click
+                while (
+                    len(browser.find_elements(page.by.XPATH, tag_close)) >= tags and time.monotonic() < gone
+                ):
+                    time.sleep(0.2)
         time.sleep(0.5)
     page.click(f"{dialog}//button[normalize-space(.)='Launch 1 run']")
     toast = page.wait_for_text("Launched run")
@@ -236,16 +258,6 @@ def test_a_cluster_partition_materialized_from_the_ui_succeeds(demo, browser):
         time.sleep(2)
     browser.get(f"{demo.base}/runs/{run['runId']}")
     page.wait_for_text("Success")
-
-
-def _open_custom_selection(page: Page, dialog: str) -> None:
-    """The asset's launch dialog open on a custom selection of partitions."""
-    deadline = time.monotonic() + 90
-    while not page.present(f"{dialog}//button[normalize-space(.)='Custom']"):
-        assert time.monotonic() < deadline, "the Materialize button opened no launch dialog"
-        page.click_if_shown("//button[starts-with(normalize-space(.), 'Materialize')]")
-        time.sleep(1)
-    page.click(f"{dialog}//button[normalize-space(.)='Custom']")
 
 
 RUNS = """{ runsOrError(limit: 200) { ... on Runs { results { runId status jobName creationTime
