@@ -152,7 +152,7 @@ class Page:
         itself: a click at its screen position can land on whatever is there once a re-render has
         moved it (the dialog's backdrop, which closes the dialog)."""
         try:
-            shown = [e for e in self.driver.find_elements(self.by.XPATH, xpath) if e.is_displayed()]
+            shown = self._displayed(xpath)
             if shown:
                 if in_place:
                     self.driver.execute_script("arguments[0].click();", shown[0])
@@ -171,9 +171,7 @@ class Page:
                 e.get_attribute("data-tooltip")
                 for e in self.driver.find_elements(self.by.XPATH, "//*[@data-tooltip]")
             ]
-            dialogs = [
-                e.text[:1000] for e in self.driver.find_elements(self.by.XPATH, DIALOG) if e.is_displayed()
-            ]
+            dialogs = [e.text[:1000] for e in self._displayed(DIALOG)]
         except self.transient:
             tooltips, dialogs = [], []
         return f"tooltips {tooltips[:40]}, dialogs shown {dialogs}, page: {self.text()[:2000]}"
@@ -183,9 +181,13 @@ class Page:
 
     def shown(self, xpath: str) -> bool:
         try:
-            return any(e.is_displayed() for e in self.driver.find_elements(self.by.XPATH, xpath))
+            return bool(self._displayed(xpath))
         except self.transient:
             return False
+
+    def _displayed(self, xpath: str) -> list:
+        """The elements at `xpath` shown on the page (may raise one of `transient`)."""
+        return [e for e in self.driver.find_elements(self.by.XPATH, xpath) if e.is_displayed()]
 
 
 def test_asset_graph_shows_the_lineage_from_the_collectors(demo, browser):
