@@ -23,7 +23,7 @@ from lens_pipeline.sim.history import ClusterHistory, NodeFrame, hour_truth, nod
 from lens_pipeline.sim.kinds import BY_PLURAL
 from lens_pipeline.sim.kubeobjects import node_conditions, parse_time, readiness_taints, rfc3339, stable_hash
 from lens_pipeline.sim.nics import SimNic
-from lens_pipeline.sim.objects import ListSnapshot, StoredObject
+from lens_pipeline.sim.objects import Change, ListSnapshot, StoredObject
 from lens_pipeline.sim.state import ClusterState
 from lens_pipeline.sim.truth import ACTIVE_PHASES, TruthInputs, cluster_truth, node_ready_status
 from lens_pipeline.sim.vendors import VENDORS, GpuProduct
@@ -60,6 +60,7 @@ CONTROL_ACTIONS = frozenset(
         "remove_taint",
         "cordon",
         "churn",
+        "set_watch_history",
     }
 )
 
@@ -190,6 +191,11 @@ class SimCluster:
                 return {"pod": name, "namespace": namespace, "container": job}
         return {}
 
+    def free_gpus(self, node: str) -> int:
+        """GPUs of `node` no bound, active pod holds."""
+        with self._lock:
+            return self._state.free_gpus(node)
+
     def pods_on_node(self, node: str) -> list[str]:
         """`namespace/name` keys of the pods bound to `node`, sorted."""
         with self._lock:
@@ -200,6 +206,23 @@ class SimCluster:
             return self._state.stores[kind].snapshot(
                 self._state.resource_version, self.now(), self.continue_ttl
             )
+
+    def changes_since(self, kind: str, resource_version: int) -> tuple[list[Change] | None, int, int]:
+        """What a watch of `kind` from `resource_version` sends next: the changes after it (None
+        when they are no longer all kept), the oldest version a watch may start at, and the
+        cluster's current version (every change of `kind` up to it is in the changes)."""
+        with self._lock:
+            store = self._state.stores[kind]
+            return store.changes_since(resource_version), store.oldest_watchable, self._state.resource_version
+
+    def set_watch_history(self, changes: int) -> None:
+        """Keep the last `changes` changes of each kind for watches (kube-apiserver's window)."""
+        if changes < 0:
+            raise ValueError(f"changes must be >= 0, got {changes}")
+        with self._lock:
+            for store in self._state.stores.values():
+                store.history_limit = changes
+                store.trim_history()
 
     def find_snapshot(self, kind: str, snapshot_id: int) -> ListSnapshot | None:
         with self._lock:

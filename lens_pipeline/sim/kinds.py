@@ -51,7 +51,7 @@ class ResourceKind:
             "namespaced": self.namespaced,
             "kind": self.kind,
             # Only reads are served; claiming create/delete would make kubectl offer what fails.
-            "verbs": ["get", "list"],
+            "verbs": ["get", "list", "watch"],
         }
         if self.short_names:
             entry["shortNames"] = list(self.short_names)

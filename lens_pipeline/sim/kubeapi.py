@@ -7,8 +7,9 @@ import base64
 import binascii
 import hmac
 import re
+import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -353,6 +354,123 @@ def _get_object(cluster: SimCluster, req: SimRequest, route: Route) -> SimRespon
     return SimResponse(200, entry.raw)
 
 
+# -- watch -------------------------------------------------------------------------------------
+
+# The spellings Go's strconv.ParseBool reads as true (the official Python client sends "True").
+_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
+
+
+def _true(text: str | None) -> bool:
+    return text in _TRUE
+
+
+# How often a watch looks for new changes, and how long it stays quiet before a bookmark (when
+# asked for: kube-apiserver sends them about once a minute, and clients may not count on any).
+WATCH_POLL_SECONDS = 0.05
+BOOKMARK_SECONDS = 5.0
+# kube-apiserver ends a watch without timeoutSeconds after its --min-request-timeout (1800 s).
+DEFAULT_WATCH_SECONDS = 1800
+
+
+def watch_objects(
+    cluster: SimCluster, req: SimRequest, kind: ResourceKind, namespace: str | None
+) -> SimResponse:
+    """A watch, as kube-apiserver streams it: one JSON event a line (ADDED, MODIFIED, DELETED,
+    BOOKMARK, ERROR). Without a resourceVersion (or "0") it starts with an ADDED event for every
+    object there is; from a resourceVersion, with the changes after it, or a 410 Expired ERROR
+    event when they are no longer kept. Selectors filter on each object as it is after the change
+    (the API server also sends DELETED for an object that stops matching; the simulator does not)."""
+    predicates = parse_label_selector(req.param("labelSelector")) + parse_field_selector(
+        kind, req.param("fieldSelector")
+    )
+    if req.param("sendInitialEvents") is not None:
+        raise SelectorError("sendInitialEvents is not served by the simulator")
+    text = req.param("resourceVersion") or "0"
+    try:
+        since = int(text)
+        if since < 0:
+            raise ValueError
+    except ValueError:
+        raise SelectorError(f"resourceVersion: Invalid value: {text!r}") from None
+    seconds_text = req.param("timeoutSeconds")
+    try:
+        seconds = int(seconds_text) if seconds_text else DEFAULT_WATCH_SECONDS
+    except ValueError:
+        raise SelectorError(f"timeoutSeconds must be an integer, got {seconds_text!r}") from None
+    initial: list[StoredObject] = []
+    if since == 0:
+        snapshot = cluster.list_snapshot(kind.plural)
+        initial, since = snapshot.entries, snapshot.resource_version
+    watch = _Watch(cluster, kind, namespace, predicates, _wants_table(req))
+    stream = watch.events(initial, since, _true(req.param("allowWatchBookmarks")), seconds)
+    return SimResponse(200, b"", stream=stream)
+
+
+class _Watch:
+    def __init__(
+        self,
+        cluster: SimCluster,
+        kind: ResourceKind,
+        namespace: str | None,
+        predicates: list[Predicate],
+        table: bool,
+    ) -> None:
+        self.cluster, self.kind, self.predicates, self.table = cluster, kind, predicates, table
+        self.prefix = f"{namespace}/" if namespace is not None else ""
+
+    def events(
+        self, initial: list[StoredObject], since: int, bookmarks: bool, seconds: int
+    ) -> Iterator[bytes]:
+        clock = time.monotonic
+        deadline = clock() + (seconds if seconds > 0 else DEFAULT_WATCH_SECONDS)
+        for entry in initial:
+            if self._matches(entry.key, entry.raw):
+                yield self._event("ADDED", entry)
+        quiet_since = clock()
+        while clock() < deadline:
+            changes, oldest, current = self.cluster.changes_since(self.kind.plural, since)
+            if changes is None:
+                status = status_response(
+                    410, f"too old resource version: {since} ({oldest})", reason="Expired"
+                )
+                yield b'{"type":"ERROR","object":' + status.body + b"}\n"
+                return
+            for change in changes:
+                if self._matches(change.key, change.raw):
+                    quiet_since = clock()
+                    yield self._event(change.type, StoredObject(change.key, change.raw))
+            since = current
+            if bookmarks and clock() - quiet_since >= BOOKMARK_SECONDS:
+                quiet_since = clock()
+                bookmark = {
+                    "kind": self.kind.kind,
+                    "apiVersion": self.kind.api_version,
+                    "metadata": {"resourceVersion": str(current)},
+                }
+                yield b'{"type":"BOOKMARK","object":' + orjson.dumps(bookmark) + b"}\n"
+            yield b""
+            time.sleep(WATCH_POLL_SECONDS)
+
+    def _matches(self, key: str, raw: bytes) -> bool:
+        if not key.startswith(self.prefix):
+            return False
+        if not self.predicates:
+            return True
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(obj, dict) and all(predicate(obj) for predicate in self.predicates)
+
+    def _event(self, kind: str, entry: StoredObject) -> bytes:
+        if self.table:
+            metadata = {"resourceVersion": str(self.cluster.resource_version)}
+            obj = render_table(self.kind, [entry], metadata, self.cluster.now())
+        else:
+            obj = entry.raw
+        return b'{"type":"' + kind.encode() + b'","object":' + obj + b"}\n"
+
+
 def _parse_limit(text: str | None) -> int | None:
     if text is None or text == "":
         return None
@@ -369,8 +487,8 @@ def list_objects(
 ) -> SimResponse:
     """One page of a LIST, served from an immutable snapshot so continued pages stay consistent."""
     try:
-        if req.param("watch") in ("true", "1"):
-            raise SelectorError("the simulator does not serve watches")
+        if _true(req.param("watch")):
+            return watch_objects(cluster, req, kind, namespace)
         limit = _parse_limit(req.param("limit"))
         predicates = parse_label_selector(req.param("labelSelector")) + parse_field_selector(
             kind, req.param("fieldSelector")

@@ -194,6 +194,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.close()
 
     def _send(self, response: SimResponse) -> None:
+        if response.stream is not None:
+            self._send_stream(response)
+            return
         try:
             self.send_response(response.status)
             self.send_header("Content-Type", response.content_type)
@@ -206,6 +209,32 @@ class _Handler(BaseHTTPRequestHandler):
             # The client gave up (timeout, Ctrl-C); nothing left to tell it.
             self.close_connection = True
 
+    def _send_stream(self, response: SimResponse) -> None:
+        """A response written as it is produced, in chunks (a watch), until it ends, the client
+        goes or the server stops."""
+        stream = response.stream
+        assert stream is not None
+        try:
+            self.send_response(response.status)
+            self.send_header("Content-Type", response.content_type)
+            self.send_header("Transfer-Encoding", "chunked")
+            for key, value in response.headers.items():
+                self.send_header(key, value)
+            self.end_headers()
+            for chunk in stream:
+                if self.server.stopping.is_set():
+                    self.close_connection = True
+                    return
+                if chunk:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client went away (a watch it stopped, a timeout)
+            self.close_connection = True
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+
 
 class _FleetHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
@@ -217,6 +246,7 @@ class _FleetHTTPServer(ThreadingHTTPServer):
         self.tls = tls
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self.stopping = threading.Event()  # ends the watches being streamed
 
     def get_request(self) -> tuple[socket.socket, Any]:
         connection, address = super().get_request()
@@ -285,6 +315,7 @@ class SimServer:
     def stop(self) -> None:
         if self._httpd is None:
             return
+        self._httpd.stopping.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._httpd.close_connections()

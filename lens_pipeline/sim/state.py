@@ -142,6 +142,8 @@ class ClusterState:
             staged, self._staged = self._staged, None
             for (resource, key), obj in staged.items():
                 self.stores[resource].put(key, to_json(obj))
+            for resource in {resource for resource, _ in staged}:
+                self.stores[resource].forget_history(self.resource_version)
 
     def record(self, resource: str, key: str) -> ObjectRecord | None:
         return self.records[resource].get(key)
@@ -258,7 +260,7 @@ class ClusterState:
         if self._staged is not None and resource not in _NEVER_STAGED:
             self._staged[(resource, key)] = obj
         else:
-            self.stores[resource].put(key, to_json(obj))
+            self.stores[resource].put(key, to_json(obj), self.resource_version)
         if old is not None:
             self.children.get(old.owner, set()).discard(old.uid)
             self.safe_children.get(old.safe_id, set()).discard(old.uid)
@@ -281,11 +283,12 @@ class ClusterState:
         if key in self.stores[resource]:
             raise ValueError(f"cluster {self.name}: {BY_PLURAL[resource].kind} {key!r} already exists")
         self.next_resource_version()
-        self.stores[resource].put(key, to_json(obj))
+        self.stores[resource].put(key, to_json(obj), self.resource_version)
         self.raw.add((resource, key))
 
     def remove(self, resource: str, key: str) -> None:
-        entry = self.stores[resource].remove(key)
+        # Recorded at the version the removal takes (next_resource_version, below).
+        entry = self.stores[resource].remove(key, self.resource_version + 1)
         if self._staged is not None and self._staged.pop((resource, key), None) is not None:
             entry = StoredObject(key, b"")
         if entry is None:

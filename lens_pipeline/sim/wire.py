@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs
 
@@ -42,6 +43,9 @@ class SimResponse:
     body: bytes
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    # A response sent as it is produced (a watch), chunked, instead of `body`. An empty chunk
+    # writes nothing: it lets the server look up between events (a shutdown, a client gone).
+    stream: Iterator[bytes] | None = None
 
 
 def json_response(status: int, payload: object) -> SimResponse:

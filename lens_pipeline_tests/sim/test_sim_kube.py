@@ -59,7 +59,11 @@ def test_discovery_names_every_kind_with_its_scope(served) -> None:
     }  # fmt: skip
     _, kubeflow = http(f"{base}/apis/kubeflow.org/v1", token, server=server)
     pytorch = next(r for r in kubeflow["resources"] if r["name"] == "pytorchjobs")
-    assert (pytorch["kind"], pytorch["namespaced"], pytorch["verbs"]) == ("PyTorchJob", True, ["get", "list"])
+    assert (pytorch["kind"], pytorch["namespaced"], pytorch["verbs"]) == (
+        "PyTorchJob",
+        True,
+        ["get", "list", "watch"],
+    )
     _, safe = http(f"{base}/apis/amd.com/v1", token, server=server)
     assert [(r["name"], r["kind"], r["namespaced"]) for r in safe["resources"]] == [
         ("workloads", "Workload", False)
