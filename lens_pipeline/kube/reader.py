@@ -10,6 +10,7 @@ that expired (410 Gone) restarts the whole list, so one LIST is always one consi
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
 import hashlib
 import logging
@@ -18,7 +19,7 @@ import queue
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -197,6 +198,19 @@ class KubeReader:
         field_selector: str | None = None,
     ) -> list[T]:
         """Every item of the collection at `path`, each passed through `project`, in one snapshot."""
+        return self.list_versioned(
+            path, project, label_selector=label_selector, field_selector=field_selector
+        )[0]
+
+    def list_versioned(
+        self,
+        path: str,
+        project: Callable[[dict[str, Any]], T],
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[builtins.list[T], str]:
+        """`list`, and the resourceVersion of its snapshot: where a watch of it starts."""
         # Parsed JSON holds no reference cycles, but building millions of dicts makes the cyclic
         # collector rescan the whole heap again and again: at 150k pods that was most of the time.
         with paused_gc():
@@ -208,10 +222,11 @@ class KubeReader:
         project: Callable[[dict[str, Any]], T],
         label_selector: str | None,
         field_selector: str | None,
-    ) -> list[T]:
+    ) -> tuple[builtins.list[T], str]:
         for attempt in range(self.max_restarts + 1):
             items: list[T] = []
             token: str | None = None
+            version = ""
             with _PagesAhead(self, path, label_selector, field_selector) as pages:
                 while True:
                     status, body, followed = pages.next()
@@ -226,13 +241,17 @@ class KubeReader:
                     if not isinstance(raw_items, list):
                         raise KubeError(self.cluster.name, path, "list response has no 'items' array")
                     metadata = page.get("metadata")
-                    token = metadata.get("continue") if isinstance(metadata, dict) else None
+                    if not isinstance(metadata, dict):
+                        metadata = {}
+                    token = metadata.get("continue")
+                    if not version and isinstance(metadata.get("resourceVersion"), str):
+                        version = metadata["resourceVersion"]
                     if token and token != followed:
                         pages.restart(token)  # the fetcher could not read it, or read it wrong
                     items.extend(project(item) for item in raw_items)
                     del page, raw_items
                     if not token:
-                        return items
+                        return items, version
             self.stats.restarts += 1
             log.warning(
                 "cluster %s: continue token for %s expired (410); restarting the list (%d)",
@@ -244,9 +263,70 @@ class KubeReader:
             self.cluster.name, path, f"continue token expired {self.max_restarts + 1} times in a row", 410
         )
 
+    def watch(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        timeout_seconds: int = 300,
+        bookmarks: bool = True,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> Generator[dict[str, Any], None, None]:
+        """The events of one watch of `path` from `resource_version`, parsed, until the server ends
+        it (`timeout_seconds`). One request, not retried: the caller (`Reflector`) watches again
+        from the last version it saw. A version no longer kept raises `KubeError` with status 410,
+        whether the server says so by its status or by an ERROR event."""
+        query: list[tuple[str, Any]] = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", timeout_seconds),
+        ]
+        if bookmarks:
+            query.append(("allowWatchBookmarks", "true"))
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        # The server stays quiet between events for as long as nothing changes: the read timeout
+        # covers the whole watch, and a bit more for the server to end it.
+        connect = min(5.0, self.cluster.request_timeout_seconds)
+        self.stats.requests += 1
+        self.stats.by_path[path] = self.stats.by_path.get(path, 0) + 1
+        try:
+            status, response = raw_stream(self.api, path, query, (connect, timeout_seconds + 30.0))
+        except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
+            raise KubeError(
+                self.cluster.name, path, f"watch: {type(exc).__name__}: {_first_line(exc)}"
+            ) from None
+        if isinstance(response, bytes):
+            raise KubeError(self.cluster.name, path, _status_message(response), status)
+        try:
+            for line in _lines(response):
+                event = _parse_event(self.cluster.name, path, line)
+                if event["type"] == "ERROR":
+                    failure = event["object"]
+                    code = failure.get("code") if isinstance(failure, dict) else None
+                    message = failure.get("message") if isinstance(failure, dict) else None
+                    raise KubeError(
+                        self.cluster.name,
+                        path,
+                        str(message or "watch ERROR event")[:300],
+                        code if isinstance(code, int) else None,
+                    )
+                yield event
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(
+                self.cluster.name, path, f"watch: {type(exc).__name__}: {_first_line(exc)}"
+            ) from None
+        finally:
+            # Unread events may remain: the connection cannot serve another request.
+            response.close()
+            response.release_conn()
+
     def _list_query(
         self, token: str | None, label_selector: str | None, field_selector: str | None
-    ) -> list[tuple[str, Any]]:
+    ) -> builtins.list[tuple[str, Any]]:
         query: list[tuple[str, Any]] = [("limit", self.page_size)]
         if token:
             query.append(("continue", token))
@@ -274,7 +354,7 @@ class KubeReader:
             return str(exc)
         return None if status == 200 else f"HTTP {status}: {_status_message(body)}"
 
-    def _get(self, path: str, query: list[tuple[str, Any]]) -> tuple[int, bytes]:
+    def _get(self, path: str, query: builtins.list[tuple[str, Any]]) -> tuple[int, bytes]:
         if self._unreachable is not None:
             raise KubeError(
                 self.cluster.name, path, f"not tried: the API was unreachable ({self._unreachable})"
@@ -340,6 +420,69 @@ def raw_get(
         body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
         return exc.status, body
     return response.status, response.data
+
+
+def raw_stream(
+    api: k8s_client.ApiClient, path: str, query: list[tuple[str, Any]], timeout: tuple[float, float]
+) -> tuple[int, Any]:
+    """(200, the response to read as it comes) of a streamed GET (a watch), or (status, body)."""
+    headers = {"Accept": "application/json"}
+    if hasattr(api, "param_serialize"):
+        request = api.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=query,
+            header_params=headers,
+            auth_settings=["BearerToken"],
+        )
+        response = api.call_api(*request, _request_timeout=timeout).response
+    else:
+        try:
+            response = api.call_api(
+                path,
+                "GET",
+                query_params=query,
+                header_params=headers,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+        except k8s_client.ApiException as exc:
+            if not exc.status:
+                raise
+            body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
+            return exc.status, body
+    if response.status != 200:
+        return response.status, response.read()
+    return 200, response
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """The lines of a streamed body as they arrive (a watch writes one event a line)."""
+    pending = b""
+    for chunk in response.stream(64 << 10, decode_content=True):
+        pending += chunk
+        if b"\n" not in chunk:
+            continue
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line
+    if pending.strip():
+        yield pending
+
+
+_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"})
+
+
+def _parse_event(cluster: str, path: str, line: bytes) -> dict[str, Any]:
+    try:
+        event = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise KubeError(cluster, path, f"watch event is not JSON ({exc})") from None
+    if not isinstance(event, dict) or event.get("type") not in _EVENT_TYPES or "object" not in event:
+        raise KubeError(cluster, path, f"not a watch event: {line[:120]!r}")
+    return event
 
 
 class _PagesAhead:

@@ -1,0 +1,166 @@
+"""One collection of one cluster kept current by list and watch, as client-go's Reflector does.
+
+A paged LIST gives the objects and the version of their snapshot; a watch from that version then
+gives every change after it, and the next watch starts from the last version seen (an event's, or
+a bookmark's). When the server no longer keeps the changes after that version (410 Gone, as an HTTP
+status or an ERROR event), the collection is listed again and what was kept is replaced whole. A
+watch that fails otherwise (the connection dropped, the server restarting) is retried from the same
+version after a backoff; a list that fails leaves the collection unsynced until one succeeds.
+
+What is kept is `project(object)` per object, by `namespace/name` (how the API server names
+objects in a watch, including DELETED ones); an item that has no name is kept under its JSON, so
+that a malformed object listed is still handed on (to be counted where it is read) until the next
+list. Not thread-safe for writers: one thread runs `run`; readers take `snapshot`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import orjson
+
+from lens_pipeline.kube.reader import KubeError, KubeReader
+from lens_pipeline.retry import Backoff
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# A watch asks the server to end it after this long (the server may end it sooner); the next one
+# starts from the last version seen.
+WATCH_SECONDS = 300
+# Waits after a failed list or watch.
+WATCH_RETRY = Backoff(first=0.5, factor=2.0, cap=30.0)
+
+
+@dataclass
+class ReflectorStats:
+    lists: int = 0
+    watches: int = 0
+    expired: int = 0  # 410 Gone: the changes after the version were no longer kept, listed again
+    failures: int = 0  # lists and watches that failed otherwise
+    events: dict[str, int] = field(default_factory=dict)
+    last_error: str = ""
+
+
+@dataclass(frozen=True)
+class Kept(Generic[T]):
+    """What a reflector holds at one moment."""
+
+    items: list[T]  # in key order, as a LIST gives them
+    resource_version: str
+    synced_at: float | None  # time.time() of the last list or event (a bookmark counts), None: never listed
+    error: str  # why the last list or watch failed, "" when the last one did not
+
+
+def object_key(obj: Any) -> str:
+    """`namespace/name` (`name` for a cluster-scoped object); the JSON of an object without a name."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not name:
+        return "\x00" + orjson.dumps(obj, option=orjson.OPT_SORT_KEYS).decode()
+    namespace = metadata.get("namespace")  # type: ignore[union-attr]
+    return f"{namespace}/{name}" if isinstance(namespace, str) and namespace else name
+
+
+class Reflector(Generic[T]):
+    """`project(object)` of every object of the collection at `path`, kept current."""
+
+    def __init__(
+        self,
+        reader: KubeReader,
+        path: str,
+        project: Callable[[Any], T],
+        *,
+        watch_seconds: int = WATCH_SECONDS,
+        backoff: Backoff = WATCH_RETRY,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.reader, self.path, self.project = reader, path, project
+        self.watch_seconds = watch_seconds
+        self.backoff = backoff
+        self.stats = ReflectorStats()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._items: dict[str, T] = {}
+        self._version = ""
+        self._synced_at: float | None = None
+        self._error = ""
+
+    def snapshot(self) -> Kept[T]:
+        with self._lock:
+            items = [self._items[key] for key in sorted(self._items)]
+            return Kept(items, self._version, self._synced_at, self._error)
+
+    def run(self, stop: threading.Event) -> None:
+        """List, then watch, until `stop` is set; never raises for the cluster's sake (failures are
+        counted, logged and kept as `error` until a list or watch succeeds)."""
+        failures = 0
+        while not stop.is_set():
+            try:
+                if not self._version:
+                    self.relist()
+                self.watch_once(stop)
+                failures = 0
+            except KubeError as exc:
+                if exc.status == 410:
+                    self.stats.expired += 1
+                    log.info("%s: %s; listing again", self.reader.cluster.name, exc)
+                    self._version = ""  # list again at once: the server has just answered
+                    continue
+                failures += 1
+                self._failed(str(exc))
+                stop.wait(self.backoff.delay(failures))
+
+    def relist(self) -> None:
+        """Replace what is kept by a LIST."""
+        items, version = self.reader.list_versioned(
+            self.path, lambda obj: (object_key(obj), self.project(obj))
+        )
+        self.stats.lists += 1
+        with self._lock:
+            self._items = dict(items)
+            self._version = version
+            self._synced_at = self._clock()
+            self._error = ""
+
+    def watch_once(self, stop: threading.Event) -> None:
+        """One watch from the version kept, applying each event, until the server ends it or
+        `stop` is set (seen at the next event or bookmark)."""
+        self.stats.watches += 1
+        events = self.reader.watch(self.path, self._version, timeout_seconds=self.watch_seconds)
+        try:
+            for event in events:
+                self._apply(event)
+                if stop.is_set():
+                    return
+        finally:
+            events.close()
+        with self._lock:
+            self._error = ""
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind, obj = event["type"], event["object"]
+        self.stats.events[kind] = self.stats.events.get(kind, 0) + 1
+        metadata = obj.get("metadata") if isinstance(obj, dict) else None
+        version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+        with self._lock:
+            if kind == "DELETED":
+                self._items.pop(object_key(obj), None)
+            elif kind != "BOOKMARK":
+                self._items[object_key(obj)] = self.project(obj)
+            if isinstance(version, str) and version:
+                self._version = version
+            self._synced_at = self._clock()
+            self._error = ""
+
+    def _failed(self, message: str) -> None:
+        self.stats.failures += 1
+        self.stats.last_error = message
+        with self._lock:
+            self._error = message
+        log.warning("%s", message)
