@@ -44,7 +44,7 @@ ALL = ("gpu_nodes", "gpu_pods", "gpu_workloads", "gpu_devices", "storage_backend
 
 
 def start_simulator(
-    work: Path, nodes: int, pods_per_node: float, vendor: str = "amd"
+    work: Path, nodes: int, pods_per_node: float, vendor: str = "amd", extra: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen, dict]:
     registry = work / "clusters.yaml"
     sim = subprocess.Popen(
@@ -64,6 +64,7 @@ def start_simulator(
             str(pods_per_node),
             "--registry-out",
             str(registry),
+            *extra,
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -51,7 +51,8 @@ class ReflectorStats:
 class Kept(Generic[T]):
     """What a reflector holds at one moment."""
 
-    items: list[T]  # in key order, as a LIST gives them
+    keys: list[str]  # `object_key` of each item, in order (a LIST's order)
+    items: list[T]
     resource_version: str
     synced_at: float | None  # time.time() of the last list or event (a bookmark counts), None: never listed
     error: str  # why the last list or watch failed, "" when the last one did not
@@ -93,8 +94,9 @@ class Reflector(Generic[T]):
 
     def snapshot(self) -> Kept[T]:
         with self._lock:
-            items = [self._items[key] for key in sorted(self._items)]
-            return Kept(items, self._version, self._synced_at, self._error)
+            keys = sorted(self._items)
+            items = [self._items[key] for key in keys]
+            return Kept(keys, items, self._version, self._synced_at, self._error)
 
     def run(self, stop: threading.Event) -> None:
         """List, then watch, until `stop` is set; never raises for the cluster's sake (failures are
