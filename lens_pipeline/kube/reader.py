@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import queue
+import re
 import tempfile
 import threading
 import time
@@ -41,6 +42,16 @@ PAGE_SIZE = 500
 # one more, received, until there is room): the API server is never left waiting for us.
 PAGES_AHEAD = 2
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A whole collection at cluster scope (what a watch cache may keep), and the resources it never
+# keeps: whatever may hold credentials stays between the runs and the API server.
+_COLLECTION = re.compile(r"^/(api/v1|apis/[a-z0-9.-]+/[a-z0-9]+)/([a-z0-9]+)$")
+NEVER_CACHED = frozenset({"secrets", "configmaps"})
+
+
+def cacheable(path: str) -> bool:
+    """Whether `path` is a collection a watch cache may keep and serve."""
+    found = _COLLECTION.match(path)
+    return found is not None and found.group(2) not in NEVER_CACHED
 
 
 class KubeError(RuntimeError):
@@ -48,6 +59,7 @@ class KubeError(RuntimeError):
 
     def __init__(self, cluster: str, path: str, message: str, status: int | None = None) -> None:
         self.cluster, self.path, self.status = cluster, path, status
+        self.reason = message if status is None else f"HTTP {status}: {message}"
         where = f"cluster {cluster!r}: GET {path}"
         super().__init__(f"{where}: {message}" if status is None else f"{where}: HTTP {status}: {message}")
 
@@ -59,6 +71,9 @@ class ListStats:
     restarts: int = 0
     retries: int = 0
     by_path: dict[str, int] = field(default_factory=dict)
+    # Where each collection was listed from, when a watch cache is configured: "watch cache", or
+    # "API server (watch cache: why it did not answer)".
+    sources: dict[str, str] = field(default_factory=dict)
 
     def since(self, earlier: ListStats) -> ListStats:
         """What happened after `earlier` was copied (several collectors share one reader per run)."""
@@ -72,10 +87,13 @@ class ListStats:
                 for k, v in self.by_path.items()
                 if v != earlier.by_path.get(k, 0)
             },
+            {k: v for k, v in self.sources.items() if earlier.sources.get(k) != v},
         )
 
     def copy(self) -> ListStats:
-        return ListStats(self.requests, self.pages, self.restarts, self.retries, dict(self.by_path))
+        return ListStats(
+            self.requests, self.pages, self.restarts, self.retries, dict(self.by_path), dict(self.sources)
+        )
 
 
 def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
@@ -156,8 +174,13 @@ class KubeReader:
         max_restarts: int = 3,
         max_retries: int = KUBE_RETRIES,
         backoff_seconds: float = KUBE_REQUEST.first,
+        cache_url: str | None = None,
     ) -> None:
+        """`cache_url`: a watch cache (`lens watch`, `kube/cache.py`) to ask for whole collections
+        first; the API server answers whatever it cannot."""
         self.cluster = cluster
+        self.cache_url = cache_url.rstrip("/") if cache_url else None
+        self._cache_api: k8s_client.ApiClient | None = None
         self.page_size = page_size
         self.max_restarts = max_restarts
         self.max_retries = max_retries
@@ -182,6 +205,9 @@ class KubeReader:
         if self._api is not None:
             self._api.close()
             self._api = None
+        if self._cache_api is not None:
+            self._cache_api.close()
+            self._cache_api = None
 
     def __enter__(self) -> KubeReader:
         return self
@@ -214,7 +240,16 @@ class KubeReader:
         # Parsed JSON holds no reference cycles, but building millions of dicts makes the cyclic
         # collector rescan the whole heap again and again: at 150k pods that was most of the time.
         with paused_gc():
-            return self._list(path, project, label_selector, field_selector)
+            if self.cache_url and not label_selector and not field_selector and cacheable(path):
+                try:
+                    found = self._list(path, project, None, None, self._cache_get)
+                except KubeError as exc:
+                    self.stats.sources[path] = f"API server (watch cache: {exc.reason})"
+                    log.info("cluster %s: %s from the API server: %s", self.cluster.name, path, exc)
+                else:
+                    self.stats.sources[path] = "watch cache"
+                    return found
+            return self._list(path, project, label_selector, field_selector, self._get)
 
     def _list(
         self,
@@ -222,12 +257,13 @@ class KubeReader:
         project: Callable[[dict[str, Any]], T],
         label_selector: str | None,
         field_selector: str | None,
+        get: Callable[[str, builtins.list[tuple[str, Any]]], tuple[int, bytes]],
     ) -> tuple[builtins.list[T], str]:
         for attempt in range(self.max_restarts + 1):
             items: list[T] = []
             token: str | None = None
             version = ""
-            with _PagesAhead(self, path, label_selector, field_selector) as pages:
+            with _PagesAhead(self, path, label_selector, field_selector, get) as pages:
                 while True:
                     status, body, followed = pages.next()
                     if status == 410 and token:
@@ -353,6 +389,19 @@ class KubeReader:
         except KubeError as exc:
             return str(exc)
         return None if status == 200 else f"HTTP {status}: {_status_message(body)}"
+
+    def _cache_get(self, path: str, query: builtins.list[tuple[str, Any]]) -> tuple[int, bytes]:
+        """One GET of the watch cache, not retried: what it cannot answer, the API server does."""
+        if self._cache_api is None:
+            configuration = k8s_client.Configuration()
+            configuration.host = f"{self.cache_url}/clusters/{self.cluster.name}"
+            configuration.retries = 0
+            self._cache_api = k8s_client.ApiClient(configuration)
+        timeout = (min(2.0, self.cluster.request_timeout_seconds), self.cluster.request_timeout_seconds)
+        try:
+            return raw_get(self._cache_api, path, query, timeout)
+        except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
+            raise KubeError(self.cluster.name, path, f"unreachable: {type(exc).__name__}") from None
 
     def _get(self, path: str, query: builtins.list[tuple[str, Any]]) -> tuple[int, bytes]:
         if self._unreachable is not None:
@@ -497,9 +546,14 @@ class _PagesAhead:
     """
 
     def __init__(
-        self, reader: KubeReader, path: str, label_selector: str | None, field_selector: str | None
+        self,
+        reader: KubeReader,
+        path: str,
+        label_selector: str | None,
+        field_selector: str | None,
+        get: Callable[[str, list[tuple[str, Any]]], tuple[int, bytes]],
     ) -> None:
-        self._reader, self._path = reader, path
+        self._reader, self._path, self._get = reader, path, get
         self._selectors = (label_selector, field_selector)
         self._stop = threading.Event()
         self._helper: threading.Thread | None = None
@@ -527,7 +581,7 @@ class _PagesAhead:
         try:
             while not stop.is_set():
                 query = self._reader._list_query(token, *self._selectors)
-                status, body = self._reader._get(self._path, query)
+                status, body = self._get(self._path, query)
                 token = _peek_continue(body) if status == 200 else None
                 _put(pages, (status, body, token), stop)
                 if token is None:

@@ -54,7 +54,9 @@ class Kept(Generic[T]):
     keys: list[str]  # `object_key` of each item, in order (a LIST's order)
     items: list[T]
     resource_version: str
-    synced_at: float | None  # time.time() of the last list or event (a bookmark counts), None: never listed
+    # time.time() of the last sign the collection was current: a list, an event (bookmarks count),
+    # the end of a watch the server kept; None: never listed.
+    synced_at: float | None
     error: str  # why the last list or watch failed, "" when the last one did not
 
 
@@ -142,7 +144,8 @@ class Reflector(Generic[T]):
                     return
         finally:
             events.close()
-        with self._lock:
+        with self._lock:  # the server ended the watch it kept until now: current until now
+            self._synced_at = self._clock()
             self._error = ""
 
     def _apply(self, event: dict[str, Any]) -> None:

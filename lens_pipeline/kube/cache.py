@@ -1,0 +1,283 @@
+"""The watch cache: the collections the collection runs list, kept by list and watch for every
+cluster of the registry, and served to the runs as paged LISTs, the way kube-apiserver serves them.
+
+A run per minute that lists 150,000 pods again asks the API server (and etcd behind it) for the
+whole cluster every minute to learn what changed. `lens watch` lists each collection once and then
+watches it (`Reflector`): the API server sends only the changes. The runs ask the cache first
+(`KubeReader(cache_url=...)`) and the API server when the cache cannot answer.
+
+- A collection is kept from the first time a run asks for it: that request answers 503 (the run
+  lists from the API server, as without the cache), and the cache starts listing and watching.
+  One nobody asked for in `idle_seconds` stops being watched.
+- The cache answers only what it holds current: a collection being listed, or whose watch or
+  list is failing (the API server unreachable, 410 and listing again), answers 503 with the
+  reason, and the run asks the API server itself (and says so in its metadata).
+- Only unfiltered lists of a whole collection at cluster scope, and never Secrets or ConfigMaps:
+  whatever may hold credentials stays between the runs and the API server.
+- Items are served as the API server sent them (each object's JSON), so a run reads the same
+  objects either way. Pages (`limit`, `continue`) come from a snapshot taken at the first page.
+- `/metrics`: per collection, whether it is served, how old its last sign of life is, objects,
+  events, lists again, failures. `/healthz`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+from lens_pipeline.clusters import ClusterConfig
+from lens_pipeline.kube.reader import KubeReader, cacheable
+from lens_pipeline.kube.watch import Kept, Reflector
+
+log = logging.getLogger(__name__)
+
+IDLE_SECONDS = 900.0
+# Each watch asks the server to end it after a minute, and the next starts from where it ended:
+# a connection that died without a word (no RST) is found within a minute and a half (the read
+# timeout), and a collection without a sign of life for two watches and a half minute is not served.
+CACHE_WATCH_SECONDS = 60
+# A LIST's later pages are served from the snapshot of its first page for this long.
+PAGES_SECONDS = 300.0
+# Seconds since the served collection's last list, event or bookmark.
+AGE_HEADER = "X-Lens-Watch-Cache-Age"
+
+
+@dataclass
+class _Collection:
+    reflector: Reflector[bytes]
+    stop: threading.Event
+    thread: threading.Thread
+    asked_at: float
+
+
+@dataclass
+class _Pages:
+    kept: Kept[bytes]
+    taken_at: float
+
+
+@dataclass
+class Answer:
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class WatchCache:
+    """The kept collections of every cluster of `clusters`, by (cluster, path)."""
+
+    def __init__(
+        self,
+        clusters: Mapping[str, ClusterConfig],
+        *,
+        watch_seconds: int = CACHE_WATCH_SECONDS,
+        idle_seconds: float = IDLE_SECONDS,
+        reader: Callable[[ClusterConfig], KubeReader] = KubeReader,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.clusters = dict(clusters)
+        self.watch_seconds = watch_seconds
+        self.max_age = 2 * watch_seconds + 30
+        self.idle_seconds = idle_seconds
+        self._reader = reader
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._collections: dict[tuple[str, str], _Collection] = {}
+        self._pages: dict[str, _Pages] = {}
+        self._next_pages = 0
+
+    def answer(self, cluster: str, path: str, query: Mapping[str, list[str]]) -> Answer:
+        """One GET below `/clusters/<cluster>`: a page of a kept collection, or why not."""
+        config = self.clusters.get(cluster)
+        if config is None:
+            return _status(404, f"no cluster {cluster!r} in the watch cache's registry", "NotFound")
+        if not cacheable(path):
+            return _status(404, f"the watch cache does not keep {path}", "NotFound")
+        asked = {key for key, values in query.items() if values and values[-1] not in ("", "0")}
+        if asked - {"limit", "continue", "resourceVersion"}:
+            return _status(400, f"the watch cache serves whole lists only, not {sorted(asked)}", "BadRequest")
+        token = (query.get("continue") or [""])[-1]
+        limit = _limit(query)
+        now = self._clock()
+        with self._lock:
+            self._prune(now)
+            if token:
+                pages = self._pages.get(token.split(":", 1)[0])
+                if pages is None:
+                    return _status(410, "the watch cache no longer holds this list's pages", "Expired")
+                kept, offset = pages.kept, _offset(token)
+            else:
+                collection = self._collections.get((cluster, path))
+                if collection is None:
+                    self._keep(config, path, now)
+                    return _status(503, f"{path} was not kept: it is being listed now", "ServiceUnavailable")
+                collection.asked_at = now
+                kept = collection.reflector.snapshot()
+                why = _not_served(kept, now, self.max_age)
+                if why:
+                    return _status(503, f"{path}: {why}", "ServiceUnavailable")
+                self._next_pages += 1
+                pages_id = str(self._next_pages)
+                self._pages[pages_id] = _Pages(kept, now)
+                token, offset = pages_id, 0
+        end = len(kept.items) if limit is None else min(len(kept.items), offset + limit)
+        metadata: dict[str, Any] = {"resourceVersion": kept.resource_version}
+        if end < len(kept.items):
+            metadata["continue"] = f"{token.split(':', 1)[0]}:{end}"
+            metadata["remainingItemCount"] = len(kept.items) - end
+        body = b"".join(
+            (
+                b'{"kind":"List","apiVersion":"v1","metadata":',
+                orjson.dumps(metadata),
+                b',"items":[',
+                b",".join(kept.items[offset:end]),
+                b"]}",
+            )
+        )
+        age = now - kept.synced_at if kept.synced_at is not None else 0.0
+        return Answer(200, body, {AGE_HEADER: f"{age:.1f}"})
+
+    def metrics(self) -> str:
+        """The Prometheus text exposition of every kept collection's state."""
+        now = self._clock()
+        with self._lock:
+            collections = list(self._collections.items())
+        lines = [
+            "# HELP lens_watch_cache_served Whether the collection is served (1) or answers 503 (0).",
+            "# TYPE lens_watch_cache_served gauge",
+            "# HELP lens_watch_cache_age_seconds Seconds since the collection's last list, event or bookmark.",
+            "# TYPE lens_watch_cache_age_seconds gauge",
+            "# HELP lens_watch_cache_objects Objects kept.",
+            "# TYPE lens_watch_cache_objects gauge",
+            "# HELP lens_watch_cache_events_total Watch events applied, by type.",
+            "# TYPE lens_watch_cache_events_total counter",
+            "# HELP lens_watch_cache_lists_total LISTs made (the first, and again after 410 Gone).",
+            "# TYPE lens_watch_cache_lists_total counter",
+            "# HELP lens_watch_cache_failures_total Lists and watches that failed.",
+            "# TYPE lens_watch_cache_failures_total counter",
+        ]
+        for (cluster, path), collection in sorted(collections):
+            kept = collection.reflector.snapshot()
+            stats = collection.reflector.stats
+            labels = f'cluster="{cluster}",path="{path}"'
+            age = now - kept.synced_at if kept.synced_at is not None else float("nan")
+            lines += [
+                f"lens_watch_cache_served{{{labels}}} {0 if _not_served(kept, now, self.max_age) else 1}",
+                f"lens_watch_cache_age_seconds{{{labels}}} {age:.3f}",
+                f"lens_watch_cache_objects{{{labels}}} {len(kept.items)}",
+                f"lens_watch_cache_lists_total{{{labels}}} {stats.lists}",
+                f"lens_watch_cache_failures_total{{{labels}}} {stats.failures}",
+            ]
+            lines += [
+                f'lens_watch_cache_events_total{{{labels},type="{kind}"}} {count}'
+                for kind, count in sorted(stats.events.items())
+            ]
+        return "\n".join(lines) + "\n"
+
+    def close(self) -> None:
+        """Stop every watch (each ends at its next event, bookmark or timeout)."""
+        with self._lock:
+            collections = list(self._collections.values())
+            self._collections.clear()
+        for collection in collections:
+            collection.stop.set()
+
+    def _keep(self, config: ClusterConfig, path: str, now: float) -> None:
+        reflector = Reflector(self._reader(config), path, orjson.dumps, watch_seconds=self.watch_seconds)
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=reflector.run, args=(stop,), name=f"lens-watch {config.name}{path}", daemon=True
+        )
+        self._collections[(config.name, path)] = _Collection(reflector, stop, thread, now)
+        thread.start()
+        log.info("cluster %s: keeping %s by list and watch", config.name, path)
+
+    def _prune(self, now: float) -> None:
+        for pages_id in [k for k, pages in self._pages.items() if now - pages.taken_at > PAGES_SECONDS]:
+            del self._pages[pages_id]
+        for key in [k for k, c in self._collections.items() if now - c.asked_at > self.idle_seconds]:
+            self._collections.pop(key).stop.set()
+            log.info("cluster %s: %s not asked for in %.0f s, no longer watched", *key, self.idle_seconds)
+
+
+def _not_served(kept: Kept[bytes], now: float, max_age: float) -> str:
+    if kept.synced_at is None:
+        return f"not listed yet{': ' + kept.error if kept.error else ''}"
+    if kept.error:
+        return f"not current, the API server failed: {kept.error}"
+    if now - kept.synced_at > max_age:
+        return f"no sign of life from its watch for {now - kept.synced_at:.0f} s"
+    return ""
+
+
+def _limit(query: Mapping[str, list[str]]) -> int | None:
+    try:
+        limit = int((query.get("limit") or ["0"])[-1] or 0)
+    except ValueError:
+        return None
+    return limit if limit > 0 else None
+
+
+def _offset(token: str) -> int:
+    try:
+        return max(0, int(token.split(":", 1)[1]))
+    except (IndexError, ValueError):
+        return 0
+
+
+def _status(code: int, message: str, reason: str) -> Answer:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    return Answer(code, orjson.dumps({**body, "message": message, "reason": reason, "code": code}))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: WatchCacheServer
+
+    def do_GET(self) -> None:
+        split = urlsplit(self.path)
+        parts = split.path.split("/", 3)  # "", "clusters", name, rest
+        if split.path == "/healthz":
+            answer = Answer(200, b"ok\n")
+        elif split.path == "/metrics":
+            answer = Answer(200, self.server.cache.metrics().encode())
+        elif len(parts) == 4 and parts[1] == "clusters":
+            query = parse_qs(split.query, keep_blank_values=True)
+            answer = self.server.cache.answer(parts[2], "/" + parts[3], query)
+        else:
+            answer = _status(404, f"nothing at {split.path}", "NotFound")
+        self.send_response(answer.status)
+        content_type = "text/plain; version=0.0.4" if split.path == "/metrics" else "application/json"
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(answer.body)))
+        for key, value in answer.headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(answer.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s - %s", self.address_string(), format % args)
+
+
+class WatchCacheServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, cache: WatchCache, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__((host, port), _Handler)
+        self.cache = cache
+
+    @property
+    def url(self) -> str:
+        host, port = str(self.server_address[0]), int(self.server_address[1])
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{port}"

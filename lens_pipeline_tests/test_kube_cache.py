@@ -1,0 +1,165 @@
+"""The watch cache (`kube/cache.py`) between a simulated cluster and `KubeReader`: what the runs
+list comes from it once it holds the collection current, equal to the API server's LIST, paged;
+from the API server (and said so) while it lists, when its watch fails, when it is unreachable,
+and always for Secrets."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+
+import orjson
+import pytest
+
+from lens_pipeline.clusters import ClusterConfig
+from lens_pipeline.kube.cache import WatchCache, WatchCacheServer
+from lens_pipeline.kube.reader import KubeError, KubeReader, cacheable
+from lens_pipeline.sim import SimCluster, SimFleet, SimServer
+
+NAME = "sim-amd-0"
+PODS = "/api/v1/pods"
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[SimCluster, SimServer]]:
+    fleet = SimFleet.generate(clusters=1, nodes=10, seed=3, vendor="amd", pods_per_node=3)
+    with SimServer(fleet) as server:
+        yield fleet.cluster(NAME), server
+
+
+@pytest.fixture
+def cache(served) -> Iterator[tuple[WatchCache, str]]:
+    cluster, server = served
+    config = _config(cluster, server)
+    cache = WatchCache({NAME: config}, watch_seconds=2)
+    httpd = WatchCacheServer(cache)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield cache, httpd.url
+    finally:
+        cache.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _config(cluster: SimCluster, server: SimServer) -> ClusterConfig:
+    return ClusterConfig(
+        name=NAME, server=server.base_url(NAME), token=cluster.token, request_timeout_seconds=5
+    )
+
+
+def _reader(served, cache_url: str | None, page_size: int = 500) -> KubeReader:
+    return KubeReader(_config(*served), page_size=page_size, max_retries=0, cache_url=cache_url)
+
+
+def _versions(obj: dict) -> tuple[str, str]:
+    return obj["metadata"]["uid"], obj["metadata"]["resourceVersion"]
+
+
+def _until(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
+
+
+def _served_from_cache(reader: KubeReader, path: str) -> bool:
+    reader.list(path, _versions)
+    return reader.stats.sources[path] == "watch cache"
+
+
+def test_the_first_list_asks_the_api_server_and_later_ones_the_cache_page_by_page(served, cache) -> None:
+    cluster, _ = served
+    _, url = cache
+    cluster.set_fault("kube")
+    reader = _reader(served, url, page_size=7)
+    first = reader.list(PODS, _versions)
+    assert reader.stats.sources[PODS].startswith("API server (watch cache: HTTP 503")
+    assert "being listed now" in reader.stats.sources[PODS]
+    _until(lambda: _served_from_cache(reader, PODS))
+    cluster.request_log.reset()
+    pages = reader.stats.pages
+    cached = reader.list(PODS, _versions)
+    assert reader.stats.sources[PODS] == "watch cache"
+    # Not one LIST of the API server's: only the cache's own watch, renewed.
+    asked = [line for line in cluster.request_log.as_json()["recent"] if line.startswith(f"GET {PODS}")]
+    assert all("watch=true" in line for line in asked), asked
+    assert cached == first == _reader(served, None).list(PODS, _versions)
+    assert reader.stats.pages - pages == -(-len(cached) // 7)  # paged as asked
+    # Ten thousand seconds later, with no word from the watch since: not served as current.
+    watch_cache, _ = cache
+    watch_cache.idle_seconds = 100_000
+    watch_cache._clock = lambda: time.time() + 10_000
+    assert reader.list(PODS, _versions) == first
+    assert "no sign of life from its watch" in reader.stats.sources[PODS]
+
+
+def test_what_the_cache_serves_follows_churn(served, cache) -> None:
+    cluster, _ = served
+    _, url = cache
+    reader, direct = _reader(served, url), _reader(served, None)
+    _until(lambda: _served_from_cache(reader, PODS))
+    cluster.churn(5)
+    _until(lambda: reader.list(PODS, _versions) == direct.list(PODS, _versions))
+    assert reader.stats.sources[PODS] == "watch cache"
+
+
+def test_a_failing_api_server_makes_the_cache_step_aside_and_say_why(served, cache) -> None:
+    cluster, _ = served
+    watch_cache, url = cache
+    reader = _reader(served, url)
+    _until(lambda: _served_from_cache(reader, "/api/v1/nodes"))
+    cluster.set_fault("kube", 500)
+    try:
+        # The cache's watch fails at its next request (it asks again every 2 s here): it then
+        # answers 503, and the reader goes to the API server, which fails the run as without a cache.
+        _until(
+            lambda: (
+                'lens_watch_cache_served{cluster="sim-amd-0",path="/api/v1/nodes"} 0' in watch_cache.metrics()
+            )
+        )
+        with pytest.raises(KubeError, match="HTTP 500"):
+            reader.list("/api/v1/nodes", _versions)
+        assert "not current, the API server failed" in reader.stats.sources["/api/v1/nodes"]
+    finally:
+        cluster.set_fault("kube")
+    _until(lambda: _served_from_cache(reader, "/api/v1/nodes"), seconds=60)
+    assert (
+        'lens_watch_cache_failures_total{cluster="sim-amd-0",path="/api/v1/nodes"}' in watch_cache.metrics()
+    )
+
+
+def test_an_unreachable_cache_and_secrets_go_to_the_api_server(served) -> None:
+    with socket.socket() as spare:
+        spare.bind(("127.0.0.1", 0))
+        port = spare.getsockname()[1]  # closed when the block ends: nothing listens there
+    reader = _reader(served, f"http://127.0.0.1:{port}")
+    nodes = reader.list("/api/v1/nodes", _versions)
+    assert nodes and reader.stats.sources["/api/v1/nodes"].startswith("API server (watch cache: unreachable")
+    assert not cacheable("/api/v1/secrets") and not cacheable("/api/v1/namespaces/juicefs/secrets")
+    assert cacheable("/apis/kubeflow.org/v1/pytorchjobs") and cacheable(PODS)
+    reader.list("/api/v1/secrets", _versions)
+    assert "/api/v1/secrets" not in reader.stats.sources
+
+
+def test_what_the_cache_refuses(served, cache) -> None:
+    _, url = cache
+
+    def get(path: str) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(url + path, timeout=5) as response:
+                return response.status, orjson.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, orjson.loads(error.read())
+
+    assert get("/clusters/nope/api/v1/pods")[0] == 404
+    assert get(f"/clusters/{NAME}/api/v1/secrets")[0] == 404
+    status, body = get(f"/clusters/{NAME}/api/v1/pods?labelSelector=a%3Db")
+    assert status == 400 and "whole lists only" in body["message"]
+    assert get(f"/clusters/{NAME}/api/v1/pods?limit=5&continue=999:5")[0] == 410
+    with urllib.request.urlopen(url + "/healthz", timeout=5) as response:
+        assert response.read() == b"ok\n"
