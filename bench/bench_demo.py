@@ -73,6 +73,8 @@ def main() -> int:
             str(free_port()),
             "--ingest-port",
             str(free_port()),
+            "--watch-port",
+            str(free_port()),
         ]
         started = time.monotonic()
         demo = subprocess.Popen(

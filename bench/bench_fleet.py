@@ -167,6 +167,7 @@ def main() -> int:
         command = [str(lens), "demo", "--clusters", str(args.clusters), "--nodes", str(args.nodes)]
         sidecars = ("0", "0") if args.no_agents else (str(free_port()), str(free_port()))
         command += ["--port", str(free_port()), "--api-port", sidecars[0], "--ingest-port", sidecars[1]]
+        command += ["--watch-port", str(free_port())]
         command += ["--state-dir", str(state), "--churn", "20"]
         started = time.monotonic()
         env = dict(os.environ)

@@ -28,7 +28,7 @@ from measure import process_cpu_seconds
 
 from lens_pipeline.clusters import load_registry
 from lens_pipeline.collect.pods import project_gpu_pod
-from lens_pipeline.kube.reader import KubeReader
+from lens_pipeline.kube.reader import KubeReader, raw_get
 from lens_pipeline.kube.watch import Reflector, object_key
 from lens_pipeline.vendors import gpu_resources
 
@@ -46,6 +46,43 @@ def _rss_mib() -> float:
 
 def _versions(obj: dict) -> tuple[str, str]:
     return object_key(obj), str((obj.get("metadata") or {}).get("resourceVersion"))
+
+
+def _version_now(reader: KubeReader) -> str:
+    """The cluster's resourceVersion now (a LIST of one node)."""
+    status, body = raw_get(reader.api, "/api/v1/nodes", [("limit", 1)], (5.0, 30.0))
+    assert status == 200, body[:200]
+    return orjson.loads(body)["metadata"]["resourceVersion"]
+
+
+def _check(reader: KubeReader, reflector: Reflector, keep: str, attempts: int = 8) -> str:
+    """What the reflector kept against a LIST, both at one resourceVersion: a LIST made while the
+    cluster did not change (its version the same before and after), and the reflector brought to
+    that version by watching until a bookmark (sent after a quiet spell) with nothing changed since."""
+    for attempt in range(1, attempts + 1):
+        before = _version_now(reader)
+        truth = reader.list(PODS, _versions)
+        if _version_now(reader) != before:
+            continue  # churn stepped during the LIST
+        bookmarks = reflector.stats.events.get("BOOKMARK", 0)
+        stop = threading.Event()
+        thread = threading.Thread(target=reflector.run, args=(stop,), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while reflector.stats.events.get("BOOKMARK", 0) == bookmarks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        thread.join(timeout=120)
+        if _version_now(reader) != before:
+            continue  # churn stepped before the bookmark: the reflector may be past the LIST
+        kept = reflector.snapshot()
+        if keep == "raw":
+            same = [_versions(orjson.loads(raw)) for raw in kept.items] == truth
+        else:  # a GPU pod's version is not kept: its key
+            same = kept.keys == [key for key, _ in truth]
+        verdict = "equal to" if same else "NOT equal to"
+        return f"kept {verdict} a LIST at the same resourceVersion ({len(truth)} pods; attempt {attempt})"
+    return f"not checked: the cluster changed during each of {attempts} attempts"
 
 
 def main() -> int:
@@ -101,31 +138,13 @@ def main() -> int:
                 f"snapshot of {len(kept.items)} kept: wall {time.perf_counter() - wall:.2f} s, cpu {_cpu() - cpu:.2f} s"
             )
 
-            for attempt in range(3):
-                wall, cpu = time.perf_counter(), _cpu()
-                count = len(reader.list(PODS, lambda _obj: None))
-                print(
-                    f"a LIST of the {count} pods, parsed and dropped (a run's floor for them): "
-                    f"wall {time.perf_counter() - wall:.2f} s, cpu {_cpu() - cpu:.2f} s"
-                )
-                # What was kept against a LIST, by key and resourceVersion (churn may step between
-                # the two reads: then again, after the reflector has seen the step).
-                reflector.watch_seconds = 2
-                stop = threading.Event()
-                catch_up = threading.Thread(target=reflector.run, args=(stop,), daemon=True)
-                catch_up.start()
-                time.sleep(3)
-                truth = reader.list(PODS, _versions)
-                stop.set()
-                catch_up.join(timeout=60)
-                kept = reflector.snapshot()
-                if args.keep == "raw":
-                    same = [_versions(orjson.loads(raw)) for raw in kept.items] == truth
-                else:  # a GPU pod's version is not kept: its key
-                    same = kept.keys == [key for key, _ in truth]
-                print(f"kept == LIST ({len(truth)} pods){'' if same else ' NOT'} (attempt {attempt + 1})")
-                if same:
-                    break
+            wall, cpu = time.perf_counter(), _cpu()
+            count = len(reader.list(PODS, lambda _obj: None))
+            print(
+                f"a LIST of the {count} pods, parsed and dropped (a run's floor for them): "
+                f"wall {time.perf_counter() - wall:.2f} s, cpu {_cpu() - cpu:.2f} s"
+            )
+            print(_check(reader, reflector, args.keep))
             print(f"peak RSS {_rss_mib():.0f} MiB")
         finally:
             stop_simulators([sim])

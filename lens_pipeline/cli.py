@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--ingest-port", type=int, default=50051, help="ingest gRPC port (0: no ingest, no agents)"
     )
+    demo.add_argument(
+        "--watch-port", type=int, default=8095, help="watch cache port (0: the runs list from the simulator)"
+    )
 
     api = commands.add_parser("api", help="the read API: cluster overview, nodes, workloads (spec §7)")
     api.add_argument("--database-url", help=f"Lens database (default: ${settings.LENS_DATABASE_URL})")
@@ -55,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     api.add_argument("--port", type=int, default=8080)
     api.add_argument("--default-cluster", help="cluster of requests that name none (default: the only one)")
     api.add_argument("--workers", type=int, default=1, help="server processes")
+
+    watch = commands.add_parser(
+        "watch", help="the watch cache: every cluster's collections kept by list and watch, for the runs"
+    )
+    watch.add_argument(
+        "--registry", help=f"registry file or directory (default: ${settings.LENS_CLUSTERS_FILE})"
+    )
+    watch.add_argument("--host", default="0.0.0.0")
+    watch.add_argument("--port", type=int, default=8095)
 
     ingest = commands.add_parser("ingest", help="the container-event sidecar (gRPC + HTTP) for node agents")
     _ingest_arguments(ingest)
@@ -90,7 +102,25 @@ def main(argv: list[str] | None = None) -> int:
         return _ingest(args)
     if args.command == "doctor":
         return _doctor(args)
+    if args.command == "watch":
+        return _watch(args)
     return _demo(args)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from lens_pipeline.clusters import load_registry
+    from lens_pipeline.kube.cache import serve
+
+    path = args.registry or settings.clusters_file()
+    if not path:
+        print(
+            f"lens watch: no registry; pass --registry or set {settings.LENS_CLUSTERS_FILE}", file=sys.stderr
+        )
+        return 2
+    first = load_registry(path)
+    for error in first.errors:
+        print(f"lens watch: {error}", file=sys.stderr)
+    return serve(lambda: load_registry(path).clusters, args.host, args.port)
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -239,7 +269,12 @@ def _demo(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     taken = _taken_ports(
-        {"--port": args.port, "--api-port": args.api_port, "--ingest-port": args.ingest_port}
+        {
+            "--port": args.port,
+            "--api-port": args.api_port,
+            "--ingest-port": args.ingest_port,
+            "--watch-port": args.watch_port,
+        }
     )
     if taken:
         for flag, port in taken.items():
@@ -255,7 +290,7 @@ def _demo(args: argparse.Namespace) -> int:
     home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(INSTANCE_DIR / "dagster.yaml", home / "dagster.yaml")
     # Dagster's own event stream and the sidecars' logs go to files; the console keeps the demo's lines.
-    logs = {name: state / f"{name}.log" for name in ("dagster", "api", "ingest")}
+    logs = {name: state / f"{name}.log" for name in ("dagster", "api", "ingest", "watch")}
     started_at = datetime.now(UTC)
 
     print(
@@ -289,6 +324,8 @@ def _demo(args: argparse.Namespace) -> int:
         # A day of hours backfilled per new cluster, not a week: the demo's two cores stay on collection.
         settings.LENS_HISTORY_BACKFILL_DAYS: os.environ.get(settings.LENS_HISTORY_BACKFILL_DAYS) or "1",
     }
+    if args.watch_port:
+        env[settings.LENS_WATCH_CACHE_URL] = f"http://127.0.0.1:{args.watch_port}"
     os.environ.update(env)
     _db_upgrade("both", "head")
     # `dagster dev` warns that `dg dev` supersedes it; `dg` needs a dg project layout this package
@@ -322,6 +359,20 @@ def _demo(args: argparse.Namespace) -> int:
     sidecars: list[subprocess.Popen] = []
     try:
         lens = [sys.executable, "-c", "from lens_pipeline.cli import main; raise SystemExit(main())"]
+        if args.watch_port:
+            sidecars.append(
+                subprocess.Popen(
+                    [*lens, "watch", "--host", "127.0.0.1", "--port", str(args.watch_port)],
+                    env=env,
+                    start_new_session=True,
+                    stdout=_log(logs["watch"]),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            print(
+                f"[lens demo] watch cache on http://127.0.0.1:{args.watch_port}/metrics: the runs list from it"
+                f" (log: {logs['watch']})"
+            )
         if args.api_port:
             sidecars.append(
                 subprocess.Popen(

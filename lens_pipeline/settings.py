@@ -35,6 +35,14 @@ def clusters_file() -> str | None:
     return os.environ.get(LENS_CLUSTERS_FILE) or None
 
 
+LENS_WATCH_CACHE_URL = "LENS_WATCH_CACHE_URL"
+
+
+def watch_cache_url() -> str | None:
+    """The watch cache (`lens watch`) the collection runs ask before the API servers, if any."""
+    return os.environ.get(LENS_WATCH_CACHE_URL) or None
+
+
 LENS_CLUSTERS_PER_RUN = "LENS_CLUSTERS_PER_RUN"
 DEFAULT_CLUSTERS_PER_RUN = 10
 

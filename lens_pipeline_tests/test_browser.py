@@ -66,7 +66,8 @@ def demo(tmp_path_factory) -> Iterator[Demo]:
     state = tmp_path_factory.mktemp("demo")
     lens = Path(sys.executable).with_name("lens")
     command = [str(lens), "demo", "--clusters", str(CLUSTERS), "--nodes", "8", "--port", str(port)]
-    command += ["--api-port", "0", "--ingest-port", "0", "--state-dir", str(state), "--churn", "0"]
+    command += ["--api-port", "0", "--ingest-port", "0", "--watch-port", str(free_port())]
+    command += ["--state-dir", str(state), "--churn", "0"]
     log = (state / "demo.log").open("w")
     env = {**os.environ, "LENS_CLUSTERS_PER_RUN": str(PER_RUN)}
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -213,6 +213,7 @@ def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path
     lens = Path(sys.executable).with_name("lens")
     command = [str(lens), "demo", "--clusters", "1", "--nodes", "2", "--state-dir", str(tmp_path / "demo")]
     command += ["--port", str(free_port()), "--api-port", str(free_port()), "--ingest-port", str(free_port())]
+    command += ["--watch-port", str(free_port())]
     demo = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -226,11 +227,14 @@ def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path
     tree: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 90
-        # dagster dev's webserver and daemon, and both sidecars, are up.
+        # dagster dev's webserver and daemon, and the three sidecars, are up.
         while time.monotonic() < deadline and demo.poll() is None:
             tree = psutil.Process(demo.pid).children(recursive=True)
             commands = " ".join(" ".join(p.cmdline()) for p in tree if p.is_running())
-            if all(w in commands for w in ("dagster._daemon", "dagster_webserver", " api ", " ingest ")):
+            if all(
+                w in commands
+                for w in ("dagster._daemon", "dagster_webserver", " api ", " ingest ", " watch ")
+            ):
                 break
             time.sleep(1)
         else:

@@ -72,6 +72,8 @@ class KubernetesResource(ConfigurableResource):
     max_retries: int = KUBE_RETRIES
     backoff_seconds: float = KUBE_REQUEST.first
     max_list_restarts: int = 3  # a continue token that expired (410) restarts the LIST this often
+    # The watch cache (`lens watch`) to ask before the API server; default `$LENS_WATCH_CACHE_URL`.
+    watch_cache_url: str | None = None
     # One snapshot per cluster in a run: the collectors of a cluster share every LIST.
     _snapshots: dict = PrivateAttr(default_factory=dict)
 
@@ -82,6 +84,7 @@ class KubernetesResource(ConfigurableResource):
             max_retries=self.max_retries,
             backoff_seconds=self.backoff_seconds,
             max_restarts=self.max_list_restarts,
+            cache_url=self.watch_cache_url or settings.watch_cache_url(),
         )
 
     def snapshot(self, cluster: ClusterConfig) -> ClusterSnapshot:

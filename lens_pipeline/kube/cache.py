@@ -23,6 +23,7 @@ watches it (`Reflector`): the API server sends only the changes. The runs ask th
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,6 +53,7 @@ AGE_HEADER = "X-Lens-Watch-Cache-Age"
 
 @dataclass
 class _Collection:
+    config: ClusterConfig
     reflector: Reflector[bytes]
     stop: threading.Event
     thread: threading.Thread
@@ -182,6 +184,17 @@ class WatchCache:
             ]
         return "\n".join(lines) + "\n"
 
+    def set_clusters(self, clusters: Mapping[str, ClusterConfig]) -> None:
+        """The registry as it now is: a cluster gone or changed (a new token, a new server) stops
+        its collections; they are kept again, with the new configuration, when next asked for."""
+        with self._lock:
+            self.clusters = dict(clusters)
+            for key in [
+                k for k in self._collections if self.clusters.get(k[0]) != self._collections[k].config
+            ]:
+                self._collections.pop(key).stop.set()
+                log.info("cluster %s: registry changed, %s no longer watched with the old entry", *key)
+
     def close(self) -> None:
         """Stop every watch (each ends at its next event, bookmark or timeout)."""
         with self._lock:
@@ -196,7 +209,7 @@ class WatchCache:
         thread = threading.Thread(
             target=reflector.run, args=(stop,), name=f"lens-watch {config.name}{path}", daemon=True
         )
-        self._collections[(config.name, path)] = _Collection(reflector, stop, thread, now)
+        self._collections[(config.name, path)] = _Collection(config, reflector, stop, thread, now)
         thread.start()
         log.info("cluster %s: keeping %s by list and watch", config.name, path)
 
@@ -266,6 +279,35 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s - %s", self.address_string(), format % args)
+
+
+def serve(
+    registry: Callable[[], Mapping[str, ClusterConfig]], host: str, port: int, reload_seconds: float = 30.0
+) -> int:
+    """`lens watch`: serve until SIGTERM or Ctrl-C, reading the registry again every `reload_seconds`."""
+    cache = WatchCache(registry())
+    httpd = WatchCacheServer(cache, host, port)
+    stopped = threading.Event()
+
+    def reload() -> None:
+        while not stopped.wait(reload_seconds):
+            try:
+                cache.set_clusters(registry())
+            except Exception:  # a registry being rewritten: the last good one stays
+                log.exception("the registry could not be read again; keeping the clusters as they were")
+
+    threading.Thread(target=reload, name="lens-watch-registry", daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=httpd.shutdown, daemon=True).start())
+    print(f"lens watch on {httpd.url} for {len(cache.clusters)} cluster(s)", flush=True)
+    try:
+        httpd.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stopped.set()
+        cache.close()
+        httpd.server_close()
+    return 0
 
 
 class WatchCacheServer(ThreadingHTTPServer):

@@ -8,12 +8,15 @@ Kubernetes requests of a run are pages and discovery only.
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.request
 
 import pytest
 from dagster import instance_for_test
 from sqlalchemy import select
 
+from lens_pipeline.clusters import load_registry
 from lens_pipeline.collect.problems import MalformedObject
 from lens_pipeline.defs import resources
 from lens_pipeline.defs.cluster_assets import COLLECTOR_KEYS
@@ -21,6 +24,7 @@ from lens_pipeline.defs.collectors import common
 from lens_pipeline.defs.collectors import gpu_pods as gpu_pods_part
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesResource, LensDatabase
+from lens_pipeline.kube.cache import WatchCache, WatchCacheServer
 from lens_pipeline.kube.reader import KubeReader
 from lens_pipeline.sim.fleet import SimCluster, SimFleet
 from lens_pipeline.sim.registry import write_registry
@@ -298,3 +302,84 @@ def test_rows_built_for_another_gpu_resource_are_built_again(fleet_and_registry,
     assert pods["pods_unchanged_since_stored"] == 0
     assert pods["dagster/row_count"] == 0  # its pods ask for amd.com/gpu: none holds nvidia.com/gpu
     assert pods["rows_built_by"].endswith(" for nvidia.com/gpu")
+
+
+def test_collectors_reading_the_watch_cache_equal_the_truth_through_churn(fleet_and_registry, sqlite_url):
+    """With `lens watch` between the runs and the API server: the first run lists from the API
+    server (the cache starts keeping what it asked for), the later ones from the cache, and say so;
+    what they store is the truth all the same, and a run that sees no change writes no row."""
+    fleet, server, registry, instance = fleet_and_registry
+    cluster = fleet.clusters[0]
+    cache = WatchCache(load_registry(registry).clusters, watch_seconds=2)
+    httpd = WatchCacheServer(cache)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    kubernetes = KubernetesResource(
+        page_size=7, max_retries=1, backoff_seconds=0.05, watch_cache_url=httpd.url
+    )
+
+    def run() -> dict:
+        result = materialize_cluster(
+            COLLECTOR_KEYS,
+            partition_key=cluster.name,
+            instance=instance,
+            resources={
+                **resources.defs.resources,
+                "registry": ClusterRegistryResource(clusters_file=str(registry)),
+                "kubernetes": kubernetes,
+                "lens_db": LensDatabase(url=sqlite_url),
+            },
+        )
+        assert result.success
+        return {
+            n: {k: v.value for k, v in e.metadata.items()}
+            for n in COLLECTED
+            for e in materializations(result, n)
+        }
+
+    def caught_up() -> bool:
+        config = load_registry(registry).get(cluster.name)
+        via, direct = KubeReader(config, cache_url=httpd.url), KubeReader(config)
+        for path in ("/api/v1/pods", "/api/v1/nodes", "/apis/apps/v1/replicasets"):
+            if (
+                via.list(path, _version) != direct.list(path, _version)
+                or via.stats.sources[path] != "watch cache"
+            ):
+                return False
+        return True
+
+    try:
+        first = run()
+        assert first["gpu_nodes"]["kubernetes_lists_from_watch_cache"] == 0
+        assert "being listed now" in first["gpu_nodes"]["kubernetes_list_sources"]["/api/v1/pods"]
+        _until(caught_up)
+        for _ in range(2):
+            cluster.churn(steps=4)
+            _until(caught_up)
+            read = run()
+            assert_matches_truth(sqlite_url, server, cluster.name)
+            sources = {
+                path: s for m in read.values() for path, s in m.get("kubernetes_list_sources", {}).items()
+            }
+            assert sources and set(sources.values()) == {"watch cache"}, sources
+            assert "/api/v1/pods" in sources and "/api/v1/nodes" in sources
+        quiet = run()
+        for asset_name, metadata in quiet.items():
+            assert tuple(metadata.get(k, 0) for k in WRITE_COUNTS) == (0, 0, 0), asset_name
+    finally:
+        cache.close()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+COLLECTED = ("gpu_nodes", "gpu_pods", "gpu_workloads", "gpu_devices", "storage_backends")
+
+
+def _version(obj: dict) -> tuple[str, str]:
+    return obj["metadata"]["uid"], obj["metadata"]["resourceVersion"]
+
+
+def _until(condition, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.1)

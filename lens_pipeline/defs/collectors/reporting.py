@@ -48,13 +48,17 @@ def sync_metadata(result: SyncResult) -> dict[str, Any]:
 
 
 def read_metadata(stats: ListStats, prom_queries: int) -> dict[str, Any]:
-    return {
+    read: dict[str, Any] = {
         "kubernetes_requests": stats.requests,
         "kubernetes_pages": stats.pages,
         "kubernetes_list_restarts": stats.restarts,
         "kubernetes_retries": stats.retries,
         "prometheus_queries": prom_queries,
     }
+    if stats.sources:  # a watch cache is configured: where each list came from, and why
+        read["kubernetes_lists_from_watch_cache"] = sum(s == "watch cache" for s in stats.sources.values())
+        read["kubernetes_list_sources"] = MetadataValue.json(dict(sorted(stats.sources.items())))
+    return read
 
 
 def problems_metadata(problems: Sequence[Problem]) -> dict[str, Any]:
