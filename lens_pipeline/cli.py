@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         "--registry", help=f"registry file or directory (default: ${settings.LENS_CLUSTERS_FILE})"
     )
     watch.add_argument("--host", default="0.0.0.0")
-    watch.add_argument("--port", type=int, default=8095)
+    watch.add_argument("--port", type=int, default=8095, help="the kept objects, /metrics and /healthz")
+    watch.add_argument("--metrics-port", type=int, default=0, help="/metrics and /healthz alone (0: none)")
 
     ingest = commands.add_parser("ingest", help="the container-event sidecar (gRPC + HTTP) for node agents")
     _ingest_arguments(ingest)
@@ -120,7 +121,7 @@ def _watch(args: argparse.Namespace) -> int:
     first = load_registry(path)
     for error in first.errors:
         print(f"lens watch: {error}", file=sys.stderr)
-    return serve(lambda: load_registry(path).clusters, args.host, args.port)
+    return serve(lambda: load_registry(path).clusters, args.host, args.port, args.metrics_port)
 
 
 def _doctor(args: argparse.Namespace) -> int:

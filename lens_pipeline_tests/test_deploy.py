@@ -100,7 +100,7 @@ def test_every_reference_resolves_in_the_rendered_output(tmp_path):
     templates = {
         d["metadata"]["name"]: d["spec"]["template"] for d in documents if d["kind"] in ("Deployment", "Job")
     }
-    assert set(templates) == {"lens-api", "lens-ingest", "lens-db-upgrade"}
+    assert set(templates) == {"lens-api", "lens-ingest", "lens-watch", "lens-db-upgrade"}
     for name, template in templates.items():
         spec = template["spec"]
         assert spec.get("serviceAccountName", "default") in {*accounts, "default"}, name
@@ -268,7 +268,7 @@ def _with(command: list[str], flag: str, value: object) -> list[str]:
 
 
 def test_every_container_command_starts_from_this_checkout(tmp_path):
-    """The rendered commands of the migration Job, lens api and lens ingest, and the code location
+    """The rendered commands of the migration Job, lens api, lens ingest and lens watch, and the code location
     the chart starts (`dagster api grpc -h 0.0.0.0 -p <port>` and our dagsterApiGrpcArgs) with the
     probe the chart gives it, each run here on free ports with the example Secrets' contents."""
     documents = rendered_overlay(tmp_path / "trial", components=["example-secrets"])
@@ -308,6 +308,14 @@ def test_every_container_command_starts_from_this_checkout(tmp_path):
         )
         processes.append(_start(_with(ingest, "--tokens-file", tokens), env, tmp_path / "ingest.log"))
         _wait(processes[-1], tmp_path / "ingest.log", _http_ok(f"http://127.0.0.1:{http_port}/healthz"))
+
+        cache_port, metrics_port = free_port(), free_port()
+        watch = _with(
+            _with(containers["watch"]["command"], "--port", cache_port), "--metrics-port", metrics_port
+        )
+        processes.append(_start(watch, env, tmp_path / "watch.log"))
+        _wait(processes[-1], tmp_path / "watch.log", _http_ok(f"http://127.0.0.1:{metrics_port}/metrics"))
+        assert _http_ok(f"http://127.0.0.1:{cache_port}/healthz")()
 
         grpc = free_port()  # as the chart's deployment-user template starts it, on loopback here
         server = [

@@ -1,4 +1,4 @@
-"""deploy/monitored-cluster/ grants what the collectors read, and only reads: a LIST of every path
+"""deploy/monitored-cluster/ grants what the collectors read, and only reads: a LIST and a WATCH of every path
 `lens doctor` checks (the collectors' own LISTs), of every owner kind a GPU pod can have (the
 simulator's kinds, which mirror the real CRDs), and a GET of the one JuiceFS Secret, nothing more."""
 
@@ -8,7 +8,7 @@ from lens_pipeline.doctor import LISTED
 from lens_pipeline.sim.kinds import KINDS
 from lens_pipeline_tests.test_deploy import DEPLOY, rendered
 
-READ = {"get", "list"}
+READ = {"get", "list", "watch"}
 
 
 def _granted(rules: list[dict]) -> set[tuple[str, str, str]]:
@@ -28,9 +28,13 @@ def test_the_cluster_role_lets_the_collectors_list_what_they_read_and_nothing_el
     assert {verb for *_, verb in granted} <= READ and not any("*" in g for g in granted)
     for kind, path in LISTED.items():
         group = "" if path.startswith("/api/v1/") else path.split("/")[2]
-        assert (group, kind, "list") in granted, path
+        assert {(group, kind, "list"), (group, kind, "watch")} <= granted, path
     owners = [k for k in KINDS if k.plural not in {"namespaces", "secrets"}]
-    missing = [f"{k.plural}.{k.group}" for k in owners if (k.group, k.plural, "list") not in granted]
+    missing = [
+        f"{k.plural}.{k.group}"
+        for k in owners
+        if not {(k.group, k.plural, "list"), (k.group, k.plural, "watch")} <= granted
+    ]
     assert missing == []
     assert not [g for g in granted if g[1] == "secrets"], "Secrets only through the namespaced Role"
     (binding,) = [d for d in documents if d["kind"] == "ClusterRoleBinding"]

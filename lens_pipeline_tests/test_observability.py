@@ -2,7 +2,8 @@
 
 Rendered by `kubectl kustomize`, its PrometheusRule's groups pass `promtool check rules`, its alerts
 fire as meant (`promtool test rules`), and a real Prometheus scraping a running `lens api` (over a
-Lens database with a collected cluster) and `lens ingest` (fed by simulated node agents) answers
+Lens database with a collected cluster), `lens ingest` (fed by simulated node agents) and `lens
+watch` (keeping the cluster's nodes) answers
 every recording rule, the measured side of every alert, and every PromQL expression of the Grafana
 dashboard with data. CI installs `prometheus` and `kubectl`; there this test must not skip.
 """
@@ -41,7 +42,8 @@ DEADLINE_SECONDS = 60
 # The measured side of an alert: what its threshold compares (`<series> <op> <number>`).
 COMPARISON = re.compile(r"^(?P<measured>.+?)\s*(==|!=|>=|<=|>|<)\s*[0-9.]+$", re.DOTALL)
 
-# promtool's unit tests of the alert logic: a cluster that stops being collected, and ingest lag.
+# promtool's unit tests of the alert logic: a cluster that stops being collected, ingest lag, and a
+# collection the watch cache stops serving.
 ALERT_TESTS = {
     "evaluation_interval": "1m",
     "tests": [
@@ -59,6 +61,9 @@ ALERT_TESTS = {
                 },
                 {"series": 'lens_container_events_lag_seconds{cluster="a"}', "values": "0+60x30"},
                 {"series": 'lens_container_events_lag_seconds{cluster="b"}', "values": "0x30"},
+                # lens watch stops serving cluster a's pods; b's stay served.
+                {"series": 'lens_watch_cache_served{cluster="a",path="/api/v1/pods"}', "values": "0x30"},
+                {"series": 'lens_watch_cache_served{cluster="b",path="/api/v1/pods"}', "values": "1x30"},
             ],
             "alert_rule_test": [
                 {"eval_time": "4m", "alertname": "LensClusterCollectionStale", "exp_alerts": []},
@@ -75,6 +80,14 @@ ALERT_TESTS = {
                     "alertname": "LensIngestLagging",
                     "exp_alerts": [{"exp_labels": {"severity": "warning", "cluster": "a"}}],
                 },
+                {"eval_time": "5m", "alertname": "LensWatchCacheNotServing", "exp_alerts": []},
+                {
+                    "eval_time": "15m",
+                    "alertname": "LensWatchCacheNotServing",
+                    "exp_alerts": [
+                        {"exp_labels": {"severity": "warning", "cluster": "a", "path": "/api/v1/pods"}}
+                    ],
+                },
             ],
         }
     ],
@@ -87,6 +100,7 @@ def _alert_tests(groups: list[dict]) -> dict:
     summaries = {
         "LensClusterCollectionStale": "gpu_nodes of cluster a not collected for 15m 0s",
         "LensIngestLagging": "container events of cluster a wait 20m 0s to be applied",
+        "LensWatchCacheNotServing": "lens watch has not served /api/v1/pods of cluster a for 10 minutes",
     }
     descriptions = {
         r["alert"]: r["annotations"].get("description") for g in groups for r in g["rules"] if "alert" in r
@@ -114,7 +128,7 @@ def _pack(tmp_path: Path) -> tuple[list[dict], dict]:
         for s in services
         if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
     ]
-    assert {s["metadata"]["name"] for s in selected} == {"lens-api", "lens-ingest"}
+    assert {s["metadata"]["name"] for s in selected} == {"lens-api", "lens-ingest", "lens-watch"}
     for service in selected:  # the endpoint's port is one each Service has
         assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
     return rule["spec"]["groups"], json.loads(board["data"]["lens-pipeline.json"])
@@ -222,6 +236,14 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
             ]
             processes.append(_start(ingest, env, tmp_path / "ingest.log"))
             _wait_http(processes[-1], f"http://127.0.0.1:{http_port}/healthz", tmp_path / "ingest.log")
+            watch_port, watch_metrics = free_port(), free_port()
+            watch = [str(BIN / "lens"), "watch", "--registry", str(registry), "--port", str(watch_port)]
+            processes.append(
+                _start([*watch, "--metrics-port", str(watch_metrics)], env, tmp_path / "watch.log")
+            )
+            _wait_http(processes[-1], f"http://127.0.0.1:{watch_metrics}/healthz", tmp_path / "watch.log")
+            # A run's first LIST of the nodes: the cache starts keeping them.
+            assert _get(f"http://127.0.0.1:{watch_port}/clusters/{cluster}/api/v1/nodes") == 503
             feeder = threading.Thread(
                 target=feed_forever, args=(fleet, f"127.0.0.1:{grpc_port}", 0.5, stopped), daemon=True
             )
@@ -244,6 +266,10 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
                 "scrape_configs": [
                     {"job_name": "lens-api", "static_configs": [{"targets": [f"127.0.0.1:{api_port}"]}]},
                     {"job_name": "lens-ingest", "static_configs": [{"targets": [f"127.0.0.1:{http_port}"]}]},
+                    {
+                        "job_name": "lens-watch",
+                        "static_configs": [{"targets": [f"127.0.0.1:{watch_metrics}"]}],
+                    },
                 ],
             }
             (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -289,6 +315,10 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
             assert 0 <= float(ratio["value"][1]) <= 1
             (lag,) = _query(base, f'lens:container_events_lag_seconds:max{{cluster="{cluster}"}}')
             assert float(lag["value"][1]) > 0  # no container_events run applies them here
+            (served,) = _query(base, f'lens:watch_cache_served:min{{cluster="{cluster}"}}')
+            assert served["metric"]["path"] == "/api/v1/nodes" and served["value"][1] == "1"
+            # The objects are served on their own port only.
+            assert _get(f"http://127.0.0.1:{watch_metrics}/clusters/{cluster}/api/v1/nodes") == 404
         finally:
             stopped.set()
             for process in processes:

@@ -263,7 +263,7 @@ class _Handler(BaseHTTPRequestHandler):
             answer = Answer(200, b"ok\n")
         elif split.path == "/metrics":
             answer = Answer(200, self.server.cache.metrics().encode())
-        elif len(parts) == 4 and parts[1] == "clusters":
+        elif len(parts) == 4 and parts[1] == "clusters" and self.server.serves_objects:
             query = parse_qs(split.query, keep_blank_values=True)
             answer = self.server.cache.answer(parts[2], "/" + parts[3], query)
         else:
@@ -282,12 +282,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def serve(
-    registry: Callable[[], Mapping[str, ClusterConfig]], host: str, port: int, reload_seconds: float = 30.0
+    registry: Callable[[], Mapping[str, ClusterConfig]],
+    host: str,
+    port: int,
+    metrics_port: int = 0,
+    reload_seconds: float = 30.0,
 ) -> int:
-    """`lens watch`: serve until SIGTERM or Ctrl-C, reading the registry again every `reload_seconds`."""
+    """`lens watch`: serve until SIGTERM or Ctrl-C, reading the registry again every `reload_seconds`;
+    with `metrics_port`, /metrics and /healthz on that port too."""
     cache = WatchCache(registry())
     httpd = WatchCacheServer(cache, host, port)
     stopped = threading.Event()
+    if metrics_port:
+        metrics = WatchCacheServer(cache, host, metrics_port, serves_objects=False)
+        threading.Thread(target=metrics.serve_forever, name="lens-watch-metrics", daemon=True).start()
 
     def reload() -> None:
         while not stopped.wait(reload_seconds):
@@ -298,7 +306,8 @@ def serve(
 
     threading.Thread(target=reload, name="lens-watch-registry", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=httpd.shutdown, daemon=True).start())
-    print(f"lens watch on {httpd.url} for {len(cache.clusters)} cluster(s)", flush=True)
+    also = f", /metrics on port {metrics_port}" if metrics_port else ""
+    print(f"lens watch on {httpd.url} for {len(cache.clusters)} cluster(s){also}", flush=True)
     try:
         httpd.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
@@ -311,11 +320,18 @@ def serve(
 
 
 class WatchCacheServer(ThreadingHTTPServer):
+    """Serves the kept objects (and /metrics, /healthz); with `serves_objects=False`, /metrics and
+    /healthz only: a port that may be opened wider than the objects' (they are the clusters' pods,
+    whose specs may hold what only the API server's access control should hand out)."""
+
     daemon_threads = True
 
-    def __init__(self, cache: WatchCache, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, cache: WatchCache, host: str = "127.0.0.1", port: int = 0, *, serves_objects: bool = True
+    ) -> None:
         super().__init__((host, port), _Handler)
         self.cache = cache
+        self.serves_objects = serves_objects
 
     @property
     def url(self) -> str:
