@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -190,6 +191,13 @@ def main() -> int:
         action="store_true",
         help="the cluster's Prometheus from a second simulator process (same seed), not the Kubernetes API's",
     )
+    parser.add_argument(
+        "--watch-cache",
+        action="store_true",
+        help="`lens watch` between the runs and the API server: a first run while it is cold (it then "
+        "starts keeping), then, once it serves everything, a first run into a second database and its "
+        "no-change run; every bare read replays the cold run's requests to the API server",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-collectors-"))
@@ -208,15 +216,70 @@ def main() -> int:
             f"Kubernetes API {cluster['base']}, Prometheus {cluster['prometheus_url']}"
         )
         url = args.database_url or f"sqlite:///{work / 'lens.db'}"
-        labels = ("first run",) if args.first_only else ("first run", "no-change run")
-        return run(cluster, url, args.assets, labels, [s.pid for s in sims])
+        if not args.watch_cache:
+            labels = ("first run",) if args.first_only else ("first run", "no-change run")
+            return run(cluster, [(label, url) for label in labels], args.assets, [s.pid for s in sims])
+        if args.database_url:
+            raise SystemExit("--watch-cache uses SQLite databases of its own (a cold one, then a warm one)")
+        watch = start_watch_cache(cluster["registry"])
+        sims.append(watch)
+        os.environ["LENS_WATCH_CACHE_URL"] = watch.url  # type: ignore[attr-defined]
+        steps = [
+            ("first run, watch cache cold", f"sqlite:///{work / 'cold.db'}"),
+            ("first run, watch cache warm", url),
+            ("no-change run, watch cache warm", url),
+        ]
+        return run(cluster, steps, args.assets, [s.pid for s in sims[:-1]], watch)
     finally:
         stop_simulators(sims)
 
 
+def start_watch_cache(registry: Path) -> subprocess.Popen:
+    """`lens watch` on a free port, reading `registry`; its URL as `.url`."""
+    import socket
+
+    with socket.socket() as spare:
+        spare.bind(("127.0.0.1", 0))
+        port = spare.getsockname()[1]
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "lens_pipeline.cli", "watch", "--registry", str(registry), "--host", "127.0.0.1",
+         "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    watch.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{watch.url}/healthz", timeout=2).read()  # type: ignore[attr-defined]
+            return watch
+        except OSError:
+            if watch.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("lens watch did not start") from None
+            time.sleep(0.2)
+
+
+def wait_until_served(watch: subprocess.Popen, timeout: float = 600) -> float:
+    """Seconds until the cache serves every collection it keeps."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        text = urllib.request.urlopen(f"{watch.url}/metrics", timeout=10).read().decode()  # type: ignore[attr-defined]
+        served = [line for line in text.splitlines() if line.startswith("lens_watch_cache_served{")]
+        if served and all(line.endswith(" 1") for line in served):
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise SystemExit("the watch cache did not serve everything in time")
+
+
 def run(
-    cluster: dict, url: str, asset_names: list[str], labels: tuple[str, ...], simulator_pids: list[int]
+    cluster: dict,
+    steps: list[tuple[str, str]],
+    asset_names: list[str],
+    simulator_pids: list[int],
+    watch: subprocess.Popen | None = None,
 ) -> int:
+    """Each (label, database URL) of `steps` collected once, in order; with `watch`, the first step
+    lists from the API server (the cache is cold), and the others wait until it serves everything."""
     from dagster import AssetKey, instance_for_test, materialize
 
     from lens_pipeline.defs import resources
@@ -226,8 +289,12 @@ def run(
     with instance_for_test() as instance:
         instance.add_dynamic_partitions("cluster", [cluster["name"]])
         summary: list[tuple[str, float, float, float, float]] = []
-        print(f"{', '.join(asset_names)}; database {url.split(':')[0]}")
-        for label in labels:
+        print(f"{', '.join(asset_names)}; database {steps[0][1].split(':')[0]}")
+        cold_requests: list[tuple[str, str]] | None = None
+        for number, (label, url) in enumerate(steps):
+            if watch is not None and number:
+                print(f"  (the watch cache served everything after {wait_until_served(watch):.1f} s more)")
+            watch_cpu = process_cpu_seconds(watch.pid) if watch is not None else 0.0
             for base in bases(cluster):
                 requests_seen(base, reset=True)
             started = time.perf_counter()
@@ -270,14 +337,17 @@ def run(
                 f"  {label}: wall {wall:.2f} s, cpu {cpu:.2f} s, peak RSS {peak:.0f} MiB, Kubernetes requests {kube}, "
                 f"Prometheus queries {prom}; {'; '.join(f'{k}: {v}' for k, v in rows.items())}"
             )
+            watched = f", of lens watch {process_cpu_seconds(watch.pid) - watch_cpu:.2f} s" if watch else ""
             print(
-                f"    cpu of the simulator(s) {simulator_cpu:.2f} s, of PostgreSQL {database_cpu:.2f} s; "
+                f"    cpu of the simulator(s) {simulator_cpu:.2f} s, of PostgreSQL {database_cpu:.2f} s{watched}; "
                 f"machine busy {machine_busy:.2f} s of {CORES * wall:.2f} core-seconds ({CORES} cores)"
             )
             print(f"    requests: {json.dumps(counts)}")
-            kube_floor, prom_floor = bare_read(
-                cluster, [r for base in bases(cluster) for r in requests_made(base)]
-            )
+            made = [r for base in bases(cluster) for r in requests_made(base)]
+            if watch is not None:  # the cold run's requests are the API server's whole read
+                cold_requests = cold_requests or made
+                made = cold_requests
+            kube_floor, prom_floor = bare_read(cluster, made)
             floor = kube_floor + prom_floor
             summary.append((label, wall, kube_floor, floor, peak))
             print(

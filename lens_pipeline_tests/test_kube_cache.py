@@ -90,6 +90,9 @@ def test_the_first_list_asks_the_api_server_and_later_ones_the_cache_page_by_pag
     assert all("watch=true" in line for line in asked), asked
     assert cached == first == _reader(served, None).list(PODS, _versions)
     assert reader.stats.pages - pages == -(-len(cached) // 7)  # paged as asked
+    # Pods are served cut down to what the collectors read (no image, no env...); nodes whole.
+    pod = reader.list(PODS, lambda obj: obj)[0]
+    assert set(pod) == {"metadata", "spec", "status"} and "image" not in pod["spec"]["containers"][0]
     # Ten thousand seconds later, with no word from the watch since: not served as current.
     watch_cache, _ = cache
     watch_cache.idle_seconds = 100_000

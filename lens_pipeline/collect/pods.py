@@ -203,7 +203,12 @@ def _project(pod: object, resources: tuple[str, ...]) -> GpuPod | None:
             raise MalformedObject(f"{path} should be a {'string' if kind is str else 'mapping'}")
         if kind is str and value and "\x00" in value:
             raise MalformedObject(f"{path} contains a NUL character")
-    slim = {
+    slim = _slim(metadata, spec, status)
+    return GpuPod(slim["metadata"], slim["spec"], slim["status"], resource, gpus, slim)
+
+
+def _slim(metadata: dict, spec: dict, status: dict) -> dict:
+    return {
         "metadata": {k: metadata[k] for k in KEPT_METADATA if k in metadata},
         "spec": {
             "nodeName": spec.get("nodeName"),
@@ -212,7 +217,35 @@ def _project(pod: object, resources: tuple[str, ...]) -> GpuPod | None:
         },
         "status": _slim_status(status),
     }
-    return GpuPod(slim["metadata"], slim["spec"], slim["status"], resource, gpus, slim)
+
+
+def slim_pod(pod: Any) -> Any:
+    """A pod cut down to what `project_gpu_pod` reads of it, for a watch cache to keep and serve:
+    `project_gpu_pod` of it gives what `project_gpu_pod` of the whole pod gives, for any resource.
+    (Extend the two together.) A pod with anything this cannot cut without changing that answer (a
+    field of the wrong type, which the whole pod would be reported for) is kept whole."""
+    if pod.__class__ is not dict:
+        return pod
+    metadata, spec, status = pod.get("metadata"), pod.get("spec"), pod.get("status")
+    if metadata.__class__ is not dict or spec.__class__ is not dict:
+        return pod
+    if status is not None and status.__class__ is not dict:
+        return pod
+    if metadata.get("annotations") is not None and metadata["annotations"].__class__ is not dict:
+        return pod  # checked by the projection, and not kept
+    for field in ("containers", "initContainers"):
+        containers = spec.get(field)
+        if containers is None:
+            continue
+        if containers.__class__ is not list:
+            return pod
+        for container in containers:
+            if container.__class__ is not dict:
+                return pod
+            resources = container.get("resources")
+            if resources is not None and resources.__class__ is not dict:
+                return pod
+    return _slim(metadata, spec, status or {})
 
 
 def allocation_by_node(pods: Iterable[GpuPod]) -> dict[tuple[str, str], int]:
