@@ -120,7 +120,7 @@ def requests_seen(base: str, reset: bool = False) -> dict:
 
 
 def requests_made(base: str) -> list[tuple[str, str]]:
-    """(path, query) of every request of the last run, in order (the simulator keeps the last 1,000)."""
+    """(path, query) of every request of the last run, in order (the simulator keeps the last 5,000)."""
     log = json.load(urllib.request.urlopen(f"{base}/_requests"))
     if log["total"] > len(log["recent"]):
         raise SystemExit(
@@ -139,8 +139,9 @@ def requests_made(base: str) -> list[tuple[str, str]]:
 def bare_read(cluster: dict, made: list[tuple[str, str]]) -> tuple[float, float]:
     """Seconds to make again every request of a run, parsing the answers and keeping nothing: the
     Kubernetes requests alone, then the Prometheus queries. A LIST (a request with `limit=` and no
-    `continue=`) is read whole, paged and fetched ahead as `KubeReader` lists; a page read with a
-    continue token belongs to it."""
+    `continue=`) is read whole, paged and fetched ahead as `KubeReader` lists, once per path (lens
+    watch may have listed it beside the run); a page read with a continue token belongs to it, and
+    a watch is not the run's."""
     from lens_pipeline.clusters import load_registry
     from lens_pipeline.kube.reader import KubeReader
     from lens_pipeline.memory import paused_gc
@@ -148,12 +149,16 @@ def bare_read(cluster: dict, made: list[tuple[str, str]]) -> tuple[float, float]
     config = load_registry(cluster["registry"]).get(cluster["name"])
     kube = [(p, q) for p, q in made if not p.startswith("/prometheus/")]
     prom = [(p, q) for p, q in made if p.startswith("/prometheus/")]
+    listed: set[str] = set()
     with KubeReader(config) as reader, paused_gc(freeze=False):
         started = time.perf_counter()
         for path, query in kube:
-            if "continue=" in query:
-                continue
+            if "continue=" in query or "watch=" in query:
+                continue  # a later page of a list, or lens watch's own watch
             if "limit=500" in query:
+                if path in listed:
+                    continue  # lens watch listed it too, beside the run
+                listed.add(path)
                 reader.list(path, _drop)
             else:
                 orjson.loads(_get(reader, path, query))

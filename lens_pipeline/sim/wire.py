@@ -56,7 +56,7 @@ class RequestLog:
     """Requests one cluster answered: counts per (method, path) and the last lines, for tests that
     assert how many calls a collection run made."""
 
-    def __init__(self, size: int = 1000) -> None:
+    def __init__(self, size: int = 5000) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[tuple[str, str]] = Counter()
         self._recent: deque[str] = deque(maxlen=size)
