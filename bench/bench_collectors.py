@@ -200,8 +200,8 @@ def main() -> int:
         "--watch-cache",
         action="store_true",
         help="`lens watch` between the runs and the API server: a first run while it is cold (it then "
-        "starts keeping), then, once it serves everything, a first run into a second database and its "
-        "no-change run; every bare read replays the cold run's requests to the API server",
+        "starts keeping; into a SQLite database of its own), then, once it serves everything, a first run "
+        "into the database and its no-change run; every bare read replays the cold run's requests",
     )
     args = parser.parse_args()
 
@@ -224,8 +224,6 @@ def main() -> int:
         if not args.watch_cache:
             labels = ("first run",) if args.first_only else ("first run", "no-change run")
             return run(cluster, [(label, url) for label in labels], args.assets, [s.pid for s in sims])
-        if args.database_url:
-            raise SystemExit("--watch-cache uses SQLite databases of its own (a cold one, then a warm one)")
         watch = start_watch_cache(cluster["registry"])
         sims.append(watch)
         os.environ["LENS_WATCH_CACHE_URL"] = watch.url  # type: ignore[attr-defined]

@@ -132,14 +132,17 @@ class WatchCache:
                 if why:
                     return _status(503, f"{path}: {why}", "ServiceUnavailable")
                 self._next_pages += 1
-                pages_id = str(self._next_pages)
-                self._pages[pages_id] = _Pages(kept, now)
-                token, offset = pages_id, 0
+                token, offset = str(self._next_pages), 0
+                self._pages[token] = _Pages(kept, now)
         end = len(kept.items) if limit is None else min(len(kept.items), offset + limit)
         metadata: dict[str, Any] = {"resourceVersion": kept.resource_version}
+        pages_id = token.split(":", 1)[0]
         if end < len(kept.items):
-            metadata["continue"] = f"{token.split(':', 1)[0]}:{end}"
+            metadata["continue"] = f"{pages_id}:{end}"
             metadata["remainingItemCount"] = len(kept.items) - end
+        else:  # the last page: the snapshot is let go
+            with self._lock:
+                self._pages.pop(pages_id, None)
         body = b"".join(
             (
                 b'{"kind":"List","apiVersion":"v1","metadata":',
