@@ -108,8 +108,11 @@ class Reflector(Generic[T]):
             try:
                 if not self._version:
                     self.relist()
+                started = time.monotonic()
                 self.watch_once(stop)
                 failures = 0
+                if time.monotonic() - started < 1.0:  # ended at once: not a loop of requests
+                    stop.wait(self.backoff.delay(1))
             except KubeError as exc:
                 if exc.status == 410:
                     self.stats.expired += 1
