@@ -360,54 +360,35 @@ def _demo(args: argparse.Namespace) -> int:
     sidecars: list[subprocess.Popen] = []
     try:
         lens = [sys.executable, "-c", "from lens_pipeline.cli import main; raise SystemExit(main())"]
-        if args.watch_port:
+
+        def sidecar(command: str, *arguments: object) -> None:
+            """`lens <command> --host 127.0.0.1 <arguments>`, its output in its log."""
+            line = [*lens, command, "--host", "127.0.0.1", *map(str, arguments)]
             sidecars.append(
                 subprocess.Popen(
-                    [*lens, "watch", "--host", "127.0.0.1", "--port", str(args.watch_port)],
+                    line,
                     env=env,
                     start_new_session=True,
-                    stdout=_log(logs["watch"]),
+                    stdout=_log(logs[command]),
                     stderr=subprocess.STDOUT,
                 )
             )
+
+        if args.watch_port:
+            sidecar("watch", "--port", args.watch_port)
             print(
                 f"[lens demo] watch cache on http://127.0.0.1:{args.watch_port}/metrics: the runs list from it"
                 f" (log: {logs['watch']})"
             )
         if args.api_port:
-            sidecars.append(
-                subprocess.Popen(
-                    [*lens, "api", "--host", "127.0.0.1", "--port", str(args.api_port)],
-                    env=env,
-                    start_new_session=True,
-                    stdout=_log(logs["api"]),
-                    stderr=subprocess.STDOUT,
-                )
-            )
+            sidecar("api", "--port", args.api_port)
             print(
                 f"[lens demo] read API on http://127.0.0.1:{args.api_port}/v1/clusters/overview?cluster=<name>"
                 f" (log: {logs['api']})"
             )
         if args.ingest_port:
             http_port = _free_port()
-            sidecars.append(
-                subprocess.Popen(
-                    [
-                        *lens,
-                        "ingest",
-                        "--host",
-                        "127.0.0.1",
-                        "--grpc-port",
-                        str(args.ingest_port),
-                        "--http-port",
-                        str(http_port),
-                    ],
-                    env=env,
-                    start_new_session=True,
-                    stdout=_log(logs["ingest"]),
-                    stderr=subprocess.STDOUT,
-                )
-            )
+            sidecar("ingest", "--grpc-port", args.ingest_port, "--http-port", http_port)
             print(
                 f"[lens demo] ingest sidecar on 127.0.0.1:{args.ingest_port} (gRPC); simulated node agents feed it"
                 f" (log: {logs['ingest']})"

@@ -438,43 +438,18 @@ class KubeReader:
 def raw_get(
     api: k8s_client.ApiClient, path: str, query: list[tuple[str, Any]], timeout: tuple[float, float]
 ) -> tuple[int, bytes]:
-    """(status, body) of a GET through the client's configuration (auth, TLS, proxy), undecoded.
-
-    kubernetes >= 37 serializes the request first and answers every status; before (what
-    dagster-k8s pins for the deploy image), `call_api` raises on a status outside 2xx."""
-    headers = {"Accept": "application/json"}
-    if hasattr(api, "param_serialize"):
-        request = api.param_serialize(
-            method="GET",
-            resource_path=path,
-            query_params=query,
-            header_params=headers,
-            auth_settings=["BearerToken"],
-        )
-        response = api.call_api(*request, _request_timeout=timeout)
-        return response.status, response.read()
-    try:
-        response = api.call_api(
-            path,
-            "GET",
-            query_params=query,
-            header_params=headers,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout,
-        )
-    except k8s_client.ApiException as exc:
-        if not exc.status:
-            raise
-        body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
-        return exc.status, body
-    return response.status, response.data
+    """(status, body) of a GET through the client's configuration (auth, TLS, proxy), undecoded."""
+    status, response = raw_stream(api, path, query, timeout)
+    return status, response if isinstance(response, bytes) else response.data
 
 
 def raw_stream(
     api: k8s_client.ApiClient, path: str, query: list[tuple[str, Any]], timeout: tuple[float, float]
 ) -> tuple[int, Any]:
-    """(200, the response to read as it comes) of a streamed GET (a watch), or (status, body)."""
+    """(200, the response to read as it comes: urllib3's) of a GET, or (another status, its body).
+
+    kubernetes >= 37 serializes the request first and answers every status; before (what
+    dagster-k8s pins for the deploy image), `call_api` raises on a status outside 2xx."""
     headers = {"Accept": "application/json"}
     if hasattr(api, "param_serialize"):
         request = api.param_serialize(
