@@ -55,7 +55,7 @@ def _version_now(reader: KubeReader) -> str:
     return orjson.loads(body)["metadata"]["resourceVersion"]
 
 
-def _check(reader: KubeReader, reflector: Reflector, keep: str, attempts: int = 8) -> str:
+def _check(reader: KubeReader, reflector: Reflector, keep: str, attempts: int = 8) -> tuple[bool | None, str]:
     """What the reflector kept against a LIST, both at one resourceVersion: a LIST made while the
     cluster did not change (its version the same before and after), and the reflector brought to
     that version by watching until a bookmark (sent after a quiet spell) with nothing changed since."""
@@ -81,8 +81,11 @@ def _check(reader: KubeReader, reflector: Reflector, keep: str, attempts: int = 
         else:  # a GPU pod's version is not kept: its key
             same = kept.keys == [key for key, _ in truth]
         verdict = "equal to" if same else "NOT equal to"
-        return f"kept {verdict} a LIST at the same resourceVersion ({len(truth)} pods; attempt {attempt})"
-    return f"not checked: the cluster changed during each of {attempts} attempts"
+        return (
+            same,
+            f"kept {verdict} a LIST at the same resourceVersion ({len(truth)} pods; attempt {attempt})",
+        )
+    return None, f"not checked: the cluster changed during each of {attempts} attempts"
 
 
 def main() -> int:
@@ -144,11 +147,12 @@ def main() -> int:
                 f"a LIST of the {count} pods, parsed and dropped (a run's floor for them): "
                 f"wall {time.perf_counter() - wall:.2f} s, cpu {_cpu() - cpu:.2f} s"
             )
-            print(_check(reader, reflector, args.keep))
+            same, said = _check(reader, reflector, args.keep)
+            print(said)
             print(f"peak RSS {_rss_mib():.0f} MiB")
         finally:
             stop_simulators([sim])
-    return 0
+    return 1 if same is False else 0
 
 
 if __name__ == "__main__":
