@@ -117,6 +117,27 @@ def test_a_failing_api_server_is_said_and_the_reflector_comes_back(served) -> No
         _until(lambda: reflector.snapshot().error == "")
 
 
+def test_after_the_api_server_was_unreachable_the_reflector_lists_again(served) -> None:
+    """A reader that met an unreachable API server refuses further requests at once (a run's
+    reader does not wait out the same timeouts twice); the reflector's tries again for real."""
+    cluster, server = served
+    reader = _reader(cluster, server)
+    reader.max_retries = 0
+    quick = Backoff(first=0.05, factor=1.0, cap=0.05)
+    reflector = Reflector(reader, "/api/v1/nodes", _versions, watch_seconds=1, backoff=quick)
+    cluster.set_fault("kube", connection="refuse")
+    try:
+        with Running(reflector):
+            _until(lambda: reflector.stats.failures >= 2)
+            assert reflector.snapshot().synced_at is None and reflector.snapshot().error
+            cluster.set_fault("kube")
+            fresh = _reader(cluster, server)
+            _until(lambda: reflector.snapshot().items == fresh.list("/api/v1/nodes", _versions))
+    finally:
+        cluster.set_fault("kube")
+    assert reflector.snapshot().error == ""
+
+
 def test_a_watch_event_that_is_not_json_is_a_clear_error() -> None:
     from lens_pipeline.kube.reader import _parse_event
 

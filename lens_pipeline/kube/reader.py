@@ -201,6 +201,14 @@ class KubeReader:
             self._api = api_client_for(self.cluster)
         return self._api
 
+    def reset(self) -> None:
+        """Forget that the API was unreachable and the client built from the registry entry (a token
+        file read again): what a long-lived reader does before it tries again."""
+        self._unreachable = None
+        if self._api is not None:
+            self._api.close()
+            self._api = None
+
     def close(self) -> None:
         if self._api is not None:
             self._api.close()

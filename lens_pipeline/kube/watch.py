@@ -122,6 +122,7 @@ class Reflector(Generic[T]):
                 failures += 1
                 self._failed(str(exc))
                 stop.wait(self.backoff.delay(failures))
+                self.reader.reset()  # try again for real, with the token file read again
 
     def relist(self) -> None:
         """Replace what is kept by a LIST."""
