@@ -174,15 +174,15 @@ class WatchCache:
             "# HELP lens_watch_cache_failures_total Lists and watches that failed.",
             "# TYPE lens_watch_cache_failures_total counter",
         ]
-        for (cluster, path), collection in sorted(collections):
-            kept = collection.reflector.snapshot()
+        for (cluster, path), collection in sorted(collections, key=lambda item: item[0]):
+            kept = collection.reflector.status()
             stats = collection.reflector.stats
             labels = f'cluster="{cluster}",path="{path}"'
             age = now - kept.synced_at if kept.synced_at is not None else float("nan")
             lines += [
                 f"lens_watch_cache_served{{{labels}}} {0 if _not_served(kept, now, self.max_age) else 1}",
                 f"lens_watch_cache_age_seconds{{{labels}}} {age:.3f}",
-                f"lens_watch_cache_objects{{{labels}}} {len(kept.items)}",
+                f"lens_watch_cache_objects{{{labels}}} {len(collection.reflector)}",
                 f"lens_watch_cache_lists_total{{{labels}}} {stats.lists}",
                 f"lens_watch_cache_failures_total{{{labels}}} {stats.failures}",
             ]

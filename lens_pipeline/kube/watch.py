@@ -100,6 +100,14 @@ class Reflector(Generic[T]):
             items = [self._items[key] for key in keys]
             return Kept(keys, items, self._version, self._synced_at, self._error)
 
+    def status(self) -> Kept[T]:
+        """`snapshot` without its keys and items (for metrics: no sort of the whole collection)."""
+        with self._lock:
+            return Kept([], [], self._version, self._synced_at, self._error)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
     def run(self, stop: threading.Event) -> None:
         """List, then watch, until `stop` is set; never raises for the cluster's sake (failures are
         counted, logged and kept as `error` until a list or watch succeeds)."""
