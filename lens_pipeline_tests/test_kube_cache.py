@@ -166,3 +166,26 @@ def test_what_the_cache_refuses(served, cache) -> None:
     assert get(f"/clusters/{NAME}/api/v1/pods?limit=5&continue=999:5")[0] == 410
     with urllib.request.urlopen(url + "/healthz", timeout=5) as response:
         assert response.read() == b"ok\n"
+
+
+def test_a_run_with_another_registry_entry_is_served_only_what_was_read_with_its_entry(served, cache) -> None:
+    """The registry changed (a new token, another server): a run reading the new entry is not served
+    what the cache read with the old one; the cache reads the registry again and keeps the cluster
+    anew with the run's entry."""
+    cluster, server = served
+    watch_cache, url = cache
+    reader = _reader(served, url)
+    _until(lambda: _served_from_cache(reader, "/api/v1/nodes"))
+    changed = ClusterConfig(
+        name=NAME, server=server.base_url(NAME), token=cluster.token, request_timeout_seconds=6
+    )
+    other = KubeReader(changed, max_retries=0, cache_url=url)
+    assert other.list("/api/v1/nodes", _versions) == reader.list("/api/v1/nodes", _versions)
+    assert "registry entry for the cluster is not the run's" in other.stats.sources["/api/v1/nodes"]
+
+    watch_cache._registry = lambda: {NAME: changed}  # the registry file now says so
+    _until(lambda: _served_from_cache(other, "/api/v1/nodes"))
+    assert watch_cache.clusters[NAME] == changed
+    # The old entry's runs are now the ones sent to the API server.
+    reader.list("/api/v1/nodes", _versions)
+    assert "not the run's" in reader.stats.sources["/api/v1/nodes"]

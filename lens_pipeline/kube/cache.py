@@ -38,7 +38,7 @@ import orjson
 
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.collect.pods import slim_pod
-from lens_pipeline.kube.reader import KubeReader, cacheable
+from lens_pipeline.kube.reader import ENTRY_PARAMETER, KubeReader, cacheable, entry_digest
 from lens_pipeline.kube.watch import Kept, Reflector
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,8 @@ CACHE_WATCH_SECONDS = 60
 PAGES_SECONDS = 300.0
 # What is kept of each object of a collection, as served (JSON); the others are kept whole.
 CUT: dict[str, Callable[[Any], Any]] = {"/api/v1/pods": slim_pod}
+# How often at most a run's other registry entry makes the cache read the registry again.
+REREAD_SECONDS = 2.0
 # Seconds since the served collection's last list, event or bookmark.
 AGE_HEADER = "X-Lens-Watch-Cache-Age"
 
@@ -85,12 +87,15 @@ class WatchCache:
         self,
         clusters: Mapping[str, ClusterConfig],
         *,
+        registry: Callable[[], Mapping[str, ClusterConfig]] | None = None,
         watch_seconds: int = CACHE_WATCH_SECONDS,
         idle_seconds: float = IDLE_SECONDS,
         reader: Callable[[ClusterConfig], KubeReader] = KubeReader,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.clusters = dict(clusters)
+        self._registry = registry
+        self._registry_read_at = 0.0
         self.watch_seconds = watch_seconds
         self.max_age = 2 * watch_seconds + 30
         self.idle_seconds = idle_seconds
@@ -103,13 +108,20 @@ class WatchCache:
 
     def answer(self, cluster: str, path: str, query: Mapping[str, list[str]]) -> Answer:
         """One GET below `/clusters/<cluster>`: a page of a kept collection, or why not."""
-        config = self.clusters.get(cluster)
+        entry = (query.get(ENTRY_PARAMETER) or [""])[-1]
+        config = self._config(cluster, entry)
         if config is None:
             return _status(404, f"no cluster {cluster!r} in the watch cache's registry", "NotFound")
+        if entry and entry_digest(config) != entry:
+            return _status(
+                503,
+                "the watch cache's registry entry for the cluster is not the run's: the registry changed",
+                "ServiceUnavailable",
+            )
         if not cacheable(path):
             return _status(404, f"the watch cache does not keep {path}", "NotFound")
         asked = {key for key, values in query.items() if values and values[-1] not in ("", "0")}
-        if asked - {"limit", "continue", "resourceVersion"}:
+        if asked - {"limit", "continue", "resourceVersion", ENTRY_PARAMETER}:
             return _status(400, f"the watch cache serves whole lists only, not {sorted(asked)}", "BadRequest")
         token = (query.get("continue") or [""])[-1]
         limit = _limit(query)
@@ -191,6 +203,21 @@ class WatchCache:
                 for kind, count in sorted(stats.events.items())
             ]
         return "\n".join(lines) + "\n"
+
+    def _config(self, cluster: str, entry: str) -> ClusterConfig | None:
+        """The cluster's registry entry; read the registry again first when the run's entry is
+        another (at most every `REREAD_SECONDS`): what the cache serves was read with the run's."""
+        config = self.clusters.get(cluster)
+        mismatch = config is None or (entry and entry_digest(config) != entry)
+        now = self._clock()
+        if mismatch and self._registry is not None and now - self._registry_read_at >= REREAD_SECONDS:
+            self._registry_read_at = now
+            try:
+                self.set_clusters(self._registry())
+            except Exception:  # a registry being rewritten: the entry as it was
+                log.exception("the registry could not be read again")
+            config = self.clusters.get(cluster)
+        return config
 
     def set_clusters(self, clusters: Mapping[str, ClusterConfig]) -> None:
         """The registry as it now is: a cluster gone or changed (a new token, a new server) stops
@@ -300,7 +327,7 @@ def serve(
 ) -> int:
     """`lens watch`: serve until SIGTERM or Ctrl-C, reading the registry again every `reload_seconds`;
     with `metrics_port`, /metrics and /healthz on that port too."""
-    cache = WatchCache(registry())
+    cache = WatchCache(registry(), registry=registry)
     httpd = WatchCacheServer(cache, host, port)
     stopped = threading.Event()
     if metrics_port:

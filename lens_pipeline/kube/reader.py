@@ -48,6 +48,17 @@ _COLLECTION = re.compile(r"^/(api/v1|apis/[a-z0-9.-]+/[a-z0-9]+)/([a-z0-9]+)$")
 NEVER_CACHED = frozenset({"secrets", "configmaps"})
 
 
+# A run sends the digest of its registry entry for the cluster with each request to a watch cache,
+# which serves only what it read with the same entry (a cluster whose entry changed, a new server or
+# token, is read anew).
+ENTRY_PARAMETER = "lensRegistryEntry"
+
+
+def entry_digest(cluster: ClusterConfig) -> str:
+    """A digest of the whole registry entry (a token in it is one-way hashed with the rest)."""
+    return hashlib.sha256(cluster.model_dump_json().encode()).hexdigest()[:32]
+
+
 def cacheable(path: str) -> bool:
     """Whether `path` is a collection a watch cache may keep and serve."""
     found = _COLLECTION.match(path)
@@ -181,6 +192,7 @@ class KubeReader:
         self.cluster = cluster
         self.cache_url = cache_url.rstrip("/") if cache_url else None
         self._cache_api: k8s_client.ApiClient | None = None
+        self._entry = entry_digest(cluster) if cache_url else ""
         self.page_size = page_size
         self.max_restarts = max_restarts
         self.max_retries = max_retries
@@ -406,6 +418,7 @@ class KubeReader:
             configuration.retries = 0
             self._cache_api = k8s_client.ApiClient(configuration)
         timeout = (min(2.0, self.cluster.request_timeout_seconds), self.cluster.request_timeout_seconds)
+        query = [*query, (ENTRY_PARAMETER, self._entry)]
         try:
             return raw_get(self._cache_api, path, query, timeout)
         except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
