@@ -138,6 +138,26 @@ def test_after_the_api_server_was_unreachable_the_reflector_lists_again(served) 
     assert reflector.snapshot().error == ""
 
 
+def test_an_unexpected_error_is_said_and_the_reflector_goes_on(served) -> None:
+    """A bug in what keeps the objects (here a projection that fails once) does not end the watch
+    for good: it is counted and kept as the error, and the next try lists again."""
+    cluster, server = served
+    failed: list[str] = []
+
+    def project(obj: dict) -> tuple[str, str]:
+        if not failed:
+            failed.append(object_key(obj))
+            raise RuntimeError("a bug")
+        return _versions(obj)
+
+    quick = Backoff(first=0.05, factor=1.0, cap=0.05)
+    reflector = Reflector(_reader(cluster, server), "/api/v1/nodes", project, watch_seconds=1, backoff=quick)
+    with Running(reflector):
+        _until(lambda: reflector.snapshot().synced_at is not None)
+    assert reflector.stats.failures == 1 and "RuntimeError: a bug" in reflector.stats.last_error
+    assert reflector.snapshot().error == "" and len(reflector.snapshot().items) > 1
+
+
 def test_a_watch_event_that_is_not_json_is_a_clear_error() -> None:
     from lens_pipeline.kube.reader import _parse_event
 

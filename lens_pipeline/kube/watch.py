@@ -113,24 +113,30 @@ class Reflector(Generic[T]):
         counted, logged and kept as `error` until a list or watch succeeds)."""
         failures = 0
         while not stop.is_set():
+            listing = not self._version
             try:
-                if not self._version:
+                if listing:
                     self.relist()
                 started = time.monotonic()
                 self.watch_once(stop)
                 failures = 0
                 if time.monotonic() - started < 1.0:  # ended at once: not a loop of requests
                     stop.wait(self.backoff.delay(1))
+                continue
             except KubeError as exc:
-                if exc.status == 410:
+                if exc.status == 410 and not listing:
                     self.stats.expired += 1
                     log.info("%s: %s; listing again", self.reader.cluster.name, exc)
                     self._version = ""  # list again at once: the server has just answered
                     continue
-                failures += 1
-                self._failed(str(exc))
-                stop.wait(self.backoff.delay(failures))
-                self.reader.reset()  # try again for real, with the token file read again
+                message = str(exc)
+            except Exception as exc:  # a bug here must not end the watch for good: said, and tried again
+                log.exception("%s: keeping %s failed", self.reader.cluster.name, self.path)
+                message = f"{self.path}: {type(exc).__name__}: {exc}"
+            failures += 1
+            self._failed(message)
+            stop.wait(self.backoff.delay(failures))
+            self.reader.reset()  # try again for real, with the token file read again
 
     def relist(self) -> None:
         """Replace what is kept by a LIST."""
