@@ -134,7 +134,13 @@ class WatchCache:
                     return _status(410, "the watch cache no longer holds this list's pages", "Expired")
                 kept, offset = pages.kept, _offset(token)
             else:
+                config = self.clusters.get(cluster, config)  # the entry as it is now
+                if entry and entry_digest(config) != entry:
+                    return _status(503, "the registry changed meanwhile", "ServiceUnavailable")
                 collection = self._collections.get((cluster, path))
+                if collection is not None and collection.config != config:
+                    self._collections.pop((cluster, path)).stop.set()  # kept with an older entry
+                    collection = None
                 if collection is None:
                     self._keep(config, path, now)
                     return _status(503, f"{path} was not kept: it is being listed now", "ServiceUnavailable")
@@ -200,7 +206,7 @@ class WatchCache:
             ]
             lines += [
                 f'lens_watch_cache_events_total{{{labels},type="{kind}"}} {count}'
-                for kind, count in sorted(stats.events.items())
+                for kind, count in sorted(collection.reflector.events().items())
             ]
         return "\n".join(lines) + "\n"
 

@@ -105,18 +105,30 @@ class Reflector(Generic[T]):
         with self._lock:
             return Kept([], [], self._version, self._synced_at, self._error)
 
+    def events(self) -> dict[str, int]:
+        """Watch events applied so far, by type (a copy)."""
+        with self._lock:
+            return dict(self.stats.events)
+
     def __len__(self) -> int:
         return len(self._items)
 
     def run(self, stop: threading.Event) -> None:
         """List, then watch, until `stop` is set; never raises for the cluster's sake (failures are
         counted, logged and kept as `error` until a list or watch succeeds)."""
+        try:
+            self._run(stop)
+        finally:
+            self.reader.close()  # its connections, and a watch under way with them
+
+    def _run(self, stop: threading.Event) -> None:
         failures = 0
         while not stop.is_set():
             listing = not self._version
             try:
                 if listing:
                     self.relist()
+                    listing = False  # a 410 of the watch that follows is the watch's
                 started = time.monotonic()
                 self.watch_once(stop)
                 failures = 0
@@ -127,7 +139,9 @@ class Reflector(Generic[T]):
                 if exc.status == 410 and not listing:
                     self.stats.expired += 1
                     log.info("%s: %s; listing again", self.reader.cluster.name, exc)
-                    self._version = ""  # list again at once: the server has just answered
+                    with self._lock:  # what is kept misses changes until the list: not current
+                        self._version = ""  # list again at once: the server has just answered
+                        self._error = f"listing again after 410 Gone: {exc.reason}"
                     continue
                 message = str(exc)
             except Exception as exc:  # a bug here must not end the watch for good: said, and tried again
@@ -168,10 +182,10 @@ class Reflector(Generic[T]):
 
     def _apply(self, event: dict[str, Any]) -> None:
         kind, obj = event["type"], event["object"]
-        self.stats.events[kind] = self.stats.events.get(kind, 0) + 1
         metadata = obj.get("metadata") if isinstance(obj, dict) else None
         version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
         with self._lock:
+            self.stats.events[kind] = self.stats.events.get(kind, 0) + 1
             if kind == "DELETED":
                 self._items.pop(object_key(obj), None)
             elif kind != "BOOKMARK":
