@@ -108,15 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     return _demo(args)
 
 
+def _registry_path(args: argparse.Namespace, command: str) -> str | None:
+    """`--registry`, else `$LENS_CLUSTERS_FILE`; None (and said) when neither is given."""
+    path = args.registry or settings.clusters_file()
+    if not path:
+        print(
+            f"lens {command}: no registry; pass --registry or set {settings.LENS_CLUSTERS_FILE}",
+            file=sys.stderr,
+        )
+    return path
+
+
 def _watch(args: argparse.Namespace) -> int:
     from lens_pipeline.clusters import load_registry
     from lens_pipeline.kube.cache import serve
 
-    path = args.registry or settings.clusters_file()
+    path = _registry_path(args, "watch")
     if not path:
-        print(
-            f"lens watch: no registry; pass --registry or set {settings.LENS_CLUSTERS_FILE}", file=sys.stderr
-        )
         return 2
     first = load_registry(path)
     for error in first.errors:
@@ -128,11 +136,8 @@ def _doctor(args: argparse.Namespace) -> int:
     from lens_pipeline.clusters import load_registry
     from lens_pipeline.doctor import FAIL, diagnose, render
 
-    path = args.registry or settings.clusters_file()
+    path = _registry_path(args, "doctor")
     if not path:
-        print(
-            f"lens doctor: no registry; pass --registry or set {settings.LENS_CLUSTERS_FILE}", file=sys.stderr
-        )
         return 2
     findings = diagnose(load_registry(path), args.cluster, args.timeout)
     print(render(findings))
