@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -60,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     api.add_argument("--workers", type=int, default=1, help="server processes")
 
     watch = commands.add_parser(
-        "watch", help="the watch cache: every cluster's collections kept by list and watch, for the runs"
+        "watch",
+        help="the watch cache: every cluster's collections kept by list and watch, for the runs",
+        description="Bearer tokens, when wanted, come from $LENS_WATCH_CACHE_TOKEN (comma-separated"
+        " during a rotation), never argv.",
     )
     watch.add_argument(
         "--registry", help=f"registry file or directory (default: ${settings.LENS_CLUSTERS_FILE})"
@@ -129,7 +133,13 @@ def _watch(args: argparse.Namespace) -> int:
     first = load_registry(path)
     for error in first.errors:
         print(f"lens watch: {error}", file=sys.stderr)
-    return serve(lambda: load_registry(path).clusters, args.host, args.port, args.metrics_port)
+    return serve(
+        lambda: load_registry(path).clusters,
+        args.host,
+        args.port,
+        args.metrics_port,
+        tokens=settings.watch_cache_tokens(),
+    )
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -332,6 +342,10 @@ def _demo(args: argparse.Namespace) -> int:
     }
     if args.watch_port:
         env[settings.LENS_WATCH_CACHE_URL] = f"http://127.0.0.1:{args.watch_port}"
+        # The cache and the runs share a token, as deployed (unless one is given).
+        env[settings.LENS_WATCH_CACHE_TOKEN] = os.environ.get(
+            settings.LENS_WATCH_CACHE_TOKEN
+        ) or secrets.token_urlsafe(24)
     os.environ.update(env)
     _db_upgrade("both", "head")
     # `dagster dev` warns that `dg dev` supersedes it; `dg` needs a dg project layout this package

@@ -43,6 +43,15 @@ def watch_cache_url() -> str | None:
     return os.environ.get(LENS_WATCH_CACHE_URL) or None
 
 
+LENS_WATCH_CACHE_TOKEN = "LENS_WATCH_CACHE_TOKEN"
+
+
+def watch_cache_tokens() -> list[str]:
+    """The watch cache's bearer tokens, comma-separated during a rotation: `lens watch` accepts
+    each, the runs send the first. None: the cache asks for no token."""
+    return [token.strip() for token in os.environ.get(LENS_WATCH_CACHE_TOKEN, "").split(",") if token.strip()]
+
+
 LENS_CLUSTERS_PER_RUN = "LENS_CLUSTERS_PER_RUN"
 DEFAULT_CLUSTERS_PER_RUN = 10
 

@@ -5,6 +5,7 @@ and always for Secrets."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -32,9 +33,15 @@ def served() -> Iterator[tuple[SimCluster, SimServer]]:
 
 @pytest.fixture
 def cache(served) -> Iterator[tuple[WatchCache, str]]:
+    with _serving(served) as served_cache:
+        yield served_cache
+
+
+@contextlib.contextmanager
+def _serving(served, tokens: tuple[str, ...] = ()) -> Iterator[tuple[WatchCache, str]]:
     cluster, server = served
     config = _config(cluster, server)
-    cache = WatchCache({NAME: config}, watch_seconds=2)
+    cache = WatchCache({NAME: config}, watch_seconds=2, tokens=tokens)
     httpd = WatchCacheServer(cache)
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -52,8 +59,10 @@ def _config(cluster: SimCluster, server: SimServer) -> ClusterConfig:
     )
 
 
-def _reader(served, cache_url: str | None, page_size: int = 500) -> KubeReader:
-    return KubeReader(_config(*served), page_size=page_size, max_retries=0, cache_url=cache_url)
+def _reader(served, cache_url: str | None, page_size: int = 500, token: str | None = None) -> KubeReader:
+    return KubeReader(
+        _config(*served), page_size=page_size, max_retries=0, cache_url=cache_url, cache_token=token
+    )
 
 
 def _versions(obj: dict) -> tuple[str, str]:
@@ -166,6 +175,34 @@ def test_what_the_cache_refuses(served, cache) -> None:
     assert get(f"/clusters/{NAME}/api/v1/pods?limit=5&continue=999:5")[0] == 410
     with urllib.request.urlopen(url + "/healthz", timeout=5) as response:
         assert response.read() == b"ok\n"
+
+
+def test_a_cache_with_tokens_serves_objects_only_to_a_run_bearing_one(served) -> None:
+    """Tokens "new,old" (a rotation): a run with either is served; one without, or with another, is
+    refused 401, counted, and lists from the API server, saying why. /healthz and /metrics ask for
+    no token."""
+    with _serving(served, tokens=("new", "old")) as (watch_cache, url):
+        for token in (None, "nope"):
+            reader = _reader(served, url, token=token)
+            assert reader.list("/api/v1/nodes", _versions)
+            assert "missing or wrong bearer token" in reader.stats.sources["/api/v1/nodes"]
+        assert watch_cache.refused == 2
+        assert not watch_cache._collections, "a refused request started a watch"
+        for token in ("old", "new"):
+            reader = _reader(served, url, token=token)
+            _until(lambda reader=reader: _served_from_cache(reader, "/api/v1/nodes"))
+        assert watch_cache.refused == 2
+
+        request = urllib.request.Request(f"{url}/clusters/{NAME}/api/v1/nodes")
+        request.add_header("Authorization", "Basic bmV3Og==")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code == 401 and refused.value.headers["WWW-Authenticate"] == "Bearer"
+        assert orjson.loads(refused.value.read())["reason"] == "Unauthorized"
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            assert "lens_watch_cache_unauthorized_total 3\n" in response.read().decode()
+        with urllib.request.urlopen(url + "/healthz", timeout=5) as response:
+            assert response.status == 200
 
 
 def test_a_run_with_another_registry_entry_is_served_only_what_was_read_with_its_entry(served, cache) -> None:

@@ -85,6 +85,7 @@ class KubernetesResource(ConfigurableResource):
             backoff_seconds=self.backoff_seconds,
             max_restarts=self.max_list_restarts,
             cache_url=self.watch_cache_url or settings.watch_cache_url(),
+            cache_token=next(iter(settings.watch_cache_tokens()), None),
         )
 
     def snapshot(self, cluster: ClusterConfig) -> ClusterSnapshot:

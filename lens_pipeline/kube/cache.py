@@ -18,17 +18,21 @@ watches it (`Reflector`): the API server sends only the changes. The runs ask th
   objects either way; but pods, cut down to what the collectors read of them (`slim_pod`: the
   projection of the cut pod is the projection of the whole one), a half or less of their bytes to
   parse in every run. Pages (`limit`, `continue`) come from a snapshot taken at the first page.
+- With tokens (`$LENS_WATCH_CACHE_TOKEN`, comma-separated during a rotation), every request for
+  objects must carry `Authorization: Bearer <one of them>`; the runs send the first. A request
+  without is answered 401 and counted; the run then lists from the API server and says why.
 - `/metrics`: per collection, whether it is served, how old its last sign of life is, objects,
-  events, lists again, failures. `/healthz`.
+  events, lists again, failures; requests refused for their token. `/healthz`.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -92,8 +96,11 @@ class WatchCache:
         idle_seconds: float = IDLE_SECONDS,
         reader: Callable[[ClusterConfig], KubeReader] = KubeReader,
         clock: Callable[[], float] = time.time,
+        tokens: Sequence[str] = (),
     ) -> None:
         self.clusters = dict(clusters)
+        self._tokens = [token.encode() for token in tokens if token]
+        self.refused = 0
         self._registry = registry
         self._registry_read_at = 0.0
         self.watch_seconds = watch_seconds
@@ -105,6 +112,20 @@ class WatchCache:
         self._collections: dict[tuple[str, str], _Collection] = {}
         self._pages: dict[str, _Pages] = {}
         self._next_pages = 0
+
+    def authorized(self, authorization: str) -> bool:
+        """Whether a request with this `Authorization` header may read objects (any, without
+        tokens); a refusal is counted."""
+        if not self._tokens:
+            return True
+        scheme, _, given = authorization.partition(" ")
+        # Compared with every token in constant time: which one matched must not leak by timing.
+        matches = [hmac.compare_digest(given.strip().encode(), token) for token in self._tokens]
+        if scheme.lower() == "bearer" and any(matches):
+            return True
+        with self._lock:
+            self.refused += 1
+        return False
 
     def answer(self, cluster: str, path: str, query: Mapping[str, list[str]]) -> Answer:
         """One GET below `/clusters/<cluster>`: a page of a kept collection, or why not."""
@@ -191,6 +212,9 @@ class WatchCache:
             "# TYPE lens_watch_cache_lists_total counter",
             "# HELP lens_watch_cache_failures_total Lists and watches that failed.",
             "# TYPE lens_watch_cache_failures_total counter",
+            "# HELP lens_watch_cache_unauthorized_total Requests for objects refused: no or a wrong bearer token.",
+            "# TYPE lens_watch_cache_unauthorized_total counter",
+            f"lens_watch_cache_unauthorized_total {self.refused}",
         ]
         for (cluster, path), collection in sorted(collections, key=lambda item: item[0]):
             kept = collection.reflector.status()
@@ -307,12 +331,20 @@ class _Handler(BaseHTTPRequestHandler):
         elif split.path == "/metrics":
             answer = Answer(200, self.server.cache.metrics().encode())
         elif len(parts) == 4 and parts[1] == "clusters" and self.server.serves_objects:
+            if not self.server.cache.authorized(self.headers.get("Authorization", "")):
+                answer = _status(401, "missing or wrong bearer token", "Unauthorized")
+                answer.headers["WWW-Authenticate"] = "Bearer"
+                self._send(answer, split.path)
+                return
             query = parse_qs(split.query, keep_blank_values=True)
             answer = self.server.cache.answer(parts[2], "/" + parts[3], query)
         else:
             answer = _status(404, f"nothing at {split.path}", "NotFound")
+        self._send(answer, split.path)
+
+    def _send(self, answer: Answer, path: str) -> None:
         self.send_response(answer.status)
-        content_type = "text/plain; version=0.0.4" if split.path == "/metrics" else "application/json"
+        content_type = "text/plain; version=0.0.4" if path == "/metrics" else "application/json"
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(answer.body)))
         for key, value in answer.headers.items():
@@ -330,10 +362,12 @@ def serve(
     port: int,
     metrics_port: int = 0,
     reload_seconds: float = 30.0,
+    tokens: Sequence[str] = (),
 ) -> int:
     """`lens watch`: serve until SIGTERM or Ctrl-C, reading the registry again every `reload_seconds`;
-    with `metrics_port`, /metrics and /healthz on that port too."""
-    cache = WatchCache(registry(), registry=registry)
+    with `metrics_port`, /metrics and /healthz on that port too; with `tokens`, objects only to a
+    request bearing one of them."""
+    cache = WatchCache(registry(), registry=registry, tokens=tokens)
     httpd = WatchCacheServer(cache, host, port)
     stopped = threading.Event()
     if metrics_port:
@@ -350,6 +384,7 @@ def serve(
     threading.Thread(target=reload, name="lens-watch-registry", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=httpd.shutdown, daemon=True).start())
     also = f", /metrics on port {metrics_port}" if metrics_port else ""
+    also += "" if tokens else "; no bearer token asked (set $LENS_WATCH_CACHE_TOKEN)"
     print(f"lens watch on {httpd.url} for {len(cache.clusters)} cluster(s){also}", flush=True)
     try:
         httpd.serve_forever(poll_interval=0.5)

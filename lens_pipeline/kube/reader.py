@@ -186,11 +186,13 @@ class KubeReader:
         max_retries: int = KUBE_RETRIES,
         backoff_seconds: float = KUBE_REQUEST.first,
         cache_url: str | None = None,
+        cache_token: str | None = None,
     ) -> None:
         """`cache_url`: a watch cache (`lens watch`, `kube/cache.py`) to ask for whole collections
-        first; the API server answers whatever it cannot."""
+        first, with `cache_token` as its bearer token; the API server answers whatever it cannot."""
         self.cluster = cluster
         self.cache_url = cache_url.rstrip("/") if cache_url else None
+        self._cache_token = cache_token
         self._cache_api: k8s_client.ApiClient | None = None
         self._entry = entry_digest(cluster) if cache_url else ""
         self.page_size = page_size
@@ -265,7 +267,9 @@ class KubeReader:
                     found = self._list(path, project, None, None, self._cache_get)
                 except KubeError as exc:
                     self.stats.sources[path] = f"API server (watch cache: {exc.reason})"
-                    log.info("cluster %s: %s from the API server: %s", self.cluster.name, path, exc)
+                    # A cold or stale cache is routine; a token it refuses is a misconfiguration.
+                    say = log.warning if exc.status == 401 else log.info
+                    say("cluster %s: %s from the API server: %s", self.cluster.name, path, exc)
                 else:
                     self.stats.sources[path] = "watch cache"
                     return found
@@ -416,6 +420,8 @@ class KubeReader:
             configuration = k8s_client.Configuration()
             configuration.host = f"{self.cache_url}/clusters/{self.cluster.name}"
             configuration.retries = 0
+            if self._cache_token:
+                configuration.api_key = {"authorization": f"Bearer {self._cache_token}"}
             self._cache_api = k8s_client.ApiClient(configuration)
         timeout = (min(2.0, self.cluster.request_timeout_seconds), self.cluster.request_timeout_seconds)
         query = [*query, (ENTRY_PARAMETER, self._entry)]

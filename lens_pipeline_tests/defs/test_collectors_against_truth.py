@@ -16,6 +16,7 @@ import pytest
 from dagster import instance_for_test
 from sqlalchemy import select
 
+from lens_pipeline import settings
 from lens_pipeline.clusters import load_registry
 from lens_pipeline.collect.problems import MalformedObject
 from lens_pipeline.defs import resources
@@ -304,13 +305,17 @@ def test_rows_built_for_another_gpu_resource_are_built_again(fleet_and_registry,
     assert pods["rows_built_by"].endswith(" for nvidia.com/gpu")
 
 
-def test_collectors_reading_the_watch_cache_equal_the_truth_through_churn(fleet_and_registry, sqlite_url):
+def test_collectors_reading_the_watch_cache_equal_the_truth_through_churn(
+    fleet_and_registry, sqlite_url, monkeypatch
+):
     """With `lens watch` between the runs and the API server: the first run lists from the API
     server (the cache starts keeping what it asked for), the later ones from the cache, and say so;
-    what they store is the truth all the same, and a run that sees no change writes no row."""
+    what they store is the truth all the same, and a run that sees no change writes no row. The
+    cache asks for a token, which the runs take from the environment, as deployed."""
     fleet, server, registry, instance = fleet_and_registry
     cluster = fleet.clusters[0]
-    cache = WatchCache(load_registry(registry).clusters, watch_seconds=2)
+    monkeypatch.setenv(settings.LENS_WATCH_CACHE_TOKEN, "t0ken,older")
+    cache = WatchCache(load_registry(registry).clusters, watch_seconds=2, tokens=["t0ken", "older"])
     httpd = WatchCacheServer(cache)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     kubernetes = KubernetesResource(
@@ -338,7 +343,7 @@ def test_collectors_reading_the_watch_cache_equal_the_truth_through_churn(fleet_
 
     def caught_up() -> bool:
         config = load_registry(registry).get(cluster.name)
-        via, direct = KubeReader(config, cache_url=httpd.url), KubeReader(config)
+        via, direct = KubeReader(config, cache_url=httpd.url, cache_token="older"), KubeReader(config)
         for path in ("/api/v1/pods", "/api/v1/nodes", "/apis/apps/v1/replicasets"):
             if (
                 via.list(path, _version) != direct.list(path, _version)
@@ -365,6 +370,7 @@ def test_collectors_reading_the_watch_cache_equal_the_truth_through_churn(fleet_
         quiet = run()
         for asset_name, metadata in quiet.items():
             assert tuple(metadata.get(k, 0) for k in WRITE_COUNTS) == (0, 0, 0), asset_name
+        assert cache.refused == 0  # every run bore the first token
     finally:
         cache.close()
         httpd.shutdown()
