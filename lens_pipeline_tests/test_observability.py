@@ -64,6 +64,9 @@ ALERT_TESTS = {
                 # lens watch stops serving cluster a's pods; b's stay served.
                 {"series": 'lens_watch_cache_served{cluster="a",path="/api/v1/pods"}', "values": "0x30"},
                 {"series": 'lens_watch_cache_served{cluster="b",path="/api/v1/pods"}', "values": "1x30"},
+                # lens watch refuses no request for 10 minutes, then three a minute (a run a minute
+                # of three clusters with a token it does not accept).
+                {"series": "lens_watch_cache_unauthorized_total", "values": "0x10 3+3x20"},
             ],
             "alert_rule_test": [
                 {"eval_time": "4m", "alertname": "LensClusterCollectionStale", "exp_alerts": []},
@@ -88,6 +91,13 @@ ALERT_TESTS = {
                         {"exp_labels": {"severity": "warning", "cluster": "a", "path": "/api/v1/pods"}}
                     ],
                 },
+                {"eval_time": "10m", "alertname": "LensWatchCacheRefusingRuns", "exp_alerts": []},
+                {"eval_time": "14m", "alertname": "LensWatchCacheRefusingRuns", "exp_alerts": []},
+                {
+                    "eval_time": "20m",
+                    "alertname": "LensWatchCacheRefusingRuns",
+                    "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
+                },
             ],
         }
     ],
@@ -101,6 +111,7 @@ def _alert_tests(groups: list[dict]) -> dict:
         "LensClusterCollectionStale": "gpu_nodes of cluster a not collected for 15m 0s",
         "LensIngestLagging": "container events of cluster a wait 20m 0s to be applied",
         "LensWatchCacheNotServing": "lens watch has not served /api/v1/pods of cluster a for 10 minutes",
+        "LensWatchCacheRefusingRuns": "lens watch refused 30 requests for their bearer token in 10 minutes",
     }
     descriptions = {
         r["alert"]: r["annotations"].get("description") for g in groups for r in g["rules"] if "alert" in r
