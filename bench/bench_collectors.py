@@ -203,17 +203,25 @@ def main() -> int:
         "starts keeping; into a SQLite database of its own), then, once it serves everything, a first run "
         "into the database and its no-change run; every bare read replays the cold run's requests",
     )
+    parser.add_argument(
+        "--no-managed-fields",
+        action="store_true",
+        help="the simulated objects without metadata.managedFields (as every pass before the twelfth)",
+    )
     args = parser.parse_args()
+    extra = ("--no-managed-fields",) if args.no_managed_fields else ()
 
     work = Path(tempfile.mkdtemp(prefix="bench-collectors-"))
     started = time.perf_counter()
     sims = []
     try:
-        sim, cluster = start_simulator(work, args.nodes, args.pods_per_node)
+        sim, cluster = start_simulator(work, args.nodes, args.pods_per_node, extra=extra)
         sims.append(sim)
         if args.prometheus_apart:
             (work / "prometheus").mkdir()
-            prometheus_sim, prometheus = start_simulator(work / "prometheus", args.nodes, args.pods_per_node)
+            prometheus_sim, prometheus = start_simulator(
+                work / "prometheus", args.nodes, args.pods_per_node, extra=extra
+            )
             sims.append(prometheus_sim)
             cluster = prometheus_apart(cluster, prometheus)
         print(

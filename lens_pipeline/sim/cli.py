@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
         "clusters were then (what the hourly history reads)",
     )
     parser.add_argument(
+        "--no-managed-fields",
+        action="store_true",
+        help="objects without the metadata.managedFields kube-apiserver writes (smaller, less real)",
+    )
+    parser.add_argument(
         "--tls",
         action="store_true",
         help="serve HTTPS from a fresh CA written into the kubeconfigs (kubectl sends tokens only over TLS)",
@@ -102,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         continue_ttl=args.continue_ttl,
         dialect=args.dialect,
         history=args.history,
+        managed_fields=not args.no_managed_fields,
     )
     generated = time.perf_counter() - started
     # The fleet lives until exit; frozen, the cyclic GC stops rescanning its millions of objects on

@@ -86,11 +86,13 @@ class SimCluster:
         clock: Callable[[], float] = time.time,
         dialect: ExporterDialect = SHIPPED,
         history: bool = False,
+        managed_fields: bool = True,
     ) -> None:
         """`nodes` GPU nodes and `cpu_nodes` CPU nodes; workloads until there are `pods_per_node`
         workload pods per GPU node, or `pods` pods in all (DaemonSet pods included) when given.
         With `history`, every change is recorded, and Prometheus answers for past times as the
-        cluster was then (`lens_pipeline.sim.history`)."""
+        cluster was then (`lens_pipeline.sim.history`). Without `managed_fields`, objects lack the
+        `metadata.managedFields` kube-apiserver writes (`lens_pipeline.sim.managed`)."""
         if vendor not in VENDORS:
             raise ValueError(f"cluster {name!r}: vendor must be one of {sorted(VENDORS)}, got {vendor!r}")
         self.name = name
@@ -111,7 +113,7 @@ class SimCluster:
         self._churn_rng = random.Random(f"{seed}:{name}:churn")
         self._churn_steps = 0
         self._lock = threading.RLock()
-        self._state = ClusterState(name, self.profile, clock, dialect)
+        self._state = ClusterState(name, self.profile, clock, dialect, managed_fields)
         self._faults = dict.fromkeys(FAULT_TARGETS, TargetFaults())
         self._forbidden: set[str] = set()
         self._gone_next_continue = False

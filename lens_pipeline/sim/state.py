@@ -12,6 +12,7 @@ from typing import Any
 
 from lens_pipeline.sim.dialects import SHIPPED, ExporterDialect
 from lens_pipeline.sim.kinds import BY_PLURAL, KINDS
+from lens_pipeline.sim.managed import managed_fields
 from lens_pipeline.sim.nics import SimNic
 from lens_pipeline.sim.objects import ObjectStore, StoredObject, to_json
 from lens_pipeline.sim.truth import (
@@ -75,9 +76,16 @@ class ClusterState:
     """Every object of one cluster by kind, plus derived indices. Not thread-safe: SimCluster locks."""
 
     def __init__(
-        self, name: str, profile: SimVendor, clock: Callable[[], float], dialect: ExporterDialect = SHIPPED
+        self,
+        name: str,
+        profile: SimVendor,
+        clock: Callable[[], float],
+        dialect: ExporterDialect = SHIPPED,
+        managed_fields: bool = True,
     ) -> None:
         self.name = name
+        # Each stored object carries `metadata.managedFields`, as kube-apiserver writes them.
+        self.managed_fields = managed_fields
         self.profile = profile
         self.dialect = dialect
         # Scrape targets added by hand (sim.exporters.Target -> samples), beside the simulated ones.
@@ -141,7 +149,7 @@ class ClusterState:
         finally:
             staged, self._staged = self._staged, None
             for (resource, key), obj in staged.items():
-                self.stores[resource].put(key, to_json(obj))
+                self.stores[resource].put(key, self._serialized(resource, obj))
             for resource in {resource for resource, _ in staged}:
                 self.stores[resource].forget_history(self.resource_version)
 
@@ -260,7 +268,7 @@ class ClusterState:
         if self._staged is not None and resource not in _NEVER_STAGED:
             self._staged[(resource, key)] = obj
         else:
-            self.stores[resource].put(key, to_json(obj), self.resource_version)
+            self.stores[resource].put(key, self._serialized(resource, obj), self.resource_version)
         if old is not None:
             self.children.get(old.owner, set()).discard(old.uid)
             self.safe_children.get(old.safe_id, set()).discard(old.uid)
@@ -277,6 +285,13 @@ class ClusterState:
         elif isinstance(record, PodRecord):
             self._index_pod(old, record, obj)  # type: ignore[arg-type]
         return record
+
+    def _serialized(self, resource: str, obj: dict[str, Any]) -> bytes:
+        if self.managed_fields:
+            kind = BY_PLURAL[resource]
+            api_version = f"{kind.group}/{kind.version}" if kind.group else kind.version
+            obj["metadata"]["managedFields"] = managed_fields(kind.kind, api_version, obj)
+        return to_json(obj)
 
     def put_raw(self, resource: str, key: str, obj: Any) -> None:
         """Serve `obj` verbatim (malformed-input tests); it joins no index and never the truth."""

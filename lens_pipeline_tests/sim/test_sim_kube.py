@@ -197,6 +197,39 @@ def test_pods_carry_phases_conditions_and_statuses_consistent_with_them(everythi
     assert any(c.get("restartCount") for p in pods for c in p["status"].get("containerStatuses", []))
 
 
+def _field_keys(fields: dict) -> Iterator[str]:
+    for key, inner in fields.items():
+        yield key
+        yield from _field_keys(inner)
+
+
+def test_every_object_carries_the_managed_fields_kube_apiserver_writes(everything) -> None:
+    """`metadata.managedFields` as the API reference defines them: an Update entry for the fields
+    of metadata and spec, one for the status subresource, each a FieldsV1 set whose keys are
+    `f:<field>`, `k:<keys>` or `.`; a keyed list's items named by their key fields."""
+    for path, objects in everything.items():
+        for obj in objects:
+            entries = obj["metadata"]["managedFields"]
+            assert entries, path
+            for entry in entries:
+                assert entry["operation"] in ("Apply", "Update") and entry["fieldsType"] == "FieldsV1"
+                assert entry["apiVersion"] == obj["apiVersion"] and entry["manager"]
+                assert entry["time"].endswith("Z")
+                assert all(k == "." or k[:2] in ("f:", "k:") for k in _field_keys(entry["fieldsV1"]))
+            by_subresource = {entry.get("subresource", ""): entry["fieldsV1"] for entry in entries}
+            if obj.get("status"):
+                assert set(by_subresource["status"]) == {"f:status"}, path
+            if obj.get("spec"):
+                assert "f:spec" in by_subresource[""] and "f:status" not in by_subresource[""], path
+    pod = next(p for p in everything["/api/v1/pods"] if p["metadata"].get("ownerReferences"))
+    (main,) = [e for e in pod["metadata"]["managedFields"] if "subresource" not in e]
+    assert main["manager"] == "kube-controller-manager"
+    containers = main["fieldsV1"]["f:spec"]["f:containers"]
+    assert set(containers) == {f'k:{{"name":"{c["name"]}"}}' for c in pod["spec"]["containers"]}
+    owner = pod["metadata"]["ownerReferences"][0]["uid"]
+    assert f'k:{{"uid":"{owner}"}}' in main["fieldsV1"]["f:metadata"]["f:ownerReferences"]
+
+
 def test_an_expired_continue_token_answers_410_and_a_restarted_list_has_every_object_once(served) -> None:
     fleet, _, registry = served
     cluster = fleet.cluster(NAME)

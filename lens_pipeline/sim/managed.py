@@ -1,0 +1,105 @@
+"""`metadata.managedFields`, as kube-apiserver writes into every object it stores (server-side apply's
+field ownership): one entry per manager and subresource that set fields, each a FieldsV1 set.
+
+Their format is the Kubernetes API reference's (ManagedFieldsEntry, FieldsV1): `f:<name>` for a
+field of a struct or a key of a map, `k:<keys>` for an item of a list keyed by its key fields (JSON
+of them), `.` for the item itself; an atomic list or a value is an empty set. They are often a third
+or more of an object's bytes, and a client parses them with everything else: a simulated LIST
+without them would cost less to read than a real one. Nothing the collectors keep reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+# Lists whose items are keyed, by the field that keys them in the Kubernetes API (patch merge keys);
+# every other list is atomic (one set for the whole list).
+_KEYED_BY = {
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "env": ("name",),
+    "volumes": ("name",),
+    "volumeMounts": ("mountPath",),
+    "ports": ("containerPort", "protocol"),
+    "conditions": ("type",),
+    "ownerReferences": ("uid",),
+    "containerStatuses": ("name",),
+    "initContainerStatuses": ("name",),
+    "addresses": ("type",),
+    "taints": ("key", "effect"),
+    "podIPs": ("ip",),
+    "hostIPs": ("ip",),
+}
+
+
+def fields_v1(value: Any, name: str = "") -> dict[str, Any]:
+    """The FieldsV1 set of every field of `value` (a map's keys, a keyed list's items)."""
+    if isinstance(value, dict):
+        return {f"f:{key}": fields_v1(item, key) for key, item in value.items()}
+    keys = _KEYED_BY.get(name)
+    if isinstance(value, list) and keys:
+        found: dict[str, Any] = {}
+        for item in value:
+            if isinstance(item, dict) and all(k in item for k in keys):
+                ident = orjson.dumps({k: item[k] for k in keys}, option=orjson.OPT_SORT_KEYS).decode()
+                found[f"k:{ident}"] = {".": {}, **fields_v1(item)}
+        return found
+    return {}
+
+
+def managed_fields(kind: str, api_version: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The entries a cluster would hold for `obj`: its creator's (metadata and spec) and its status
+    writer's (the `status` subresource), at its creation time and its latest condition's."""
+    metadata = obj.get("metadata") or {}
+    created = metadata.get("creationTimestamp") or "1970-01-01T00:00:00Z"
+    owned = bool(metadata.get("ownerReferences"))
+    if kind in ("Pod", "Node"):
+        creator = "kube-controller-manager" if owned else "kubelet" if kind == "Node" else "kubectl-create"
+        status_writer = "kubelet"
+    else:
+        creator = "kube-controller-manager" if owned else "kubectl-create"
+        status_writer = "kube-controller-manager"
+    kept = {
+        k: v
+        for k, v in metadata.items()
+        if k in ("labels", "annotations", "ownerReferences", "generateName", "finalizers")
+    }
+    main: dict[str, Any] = {"f:metadata": fields_v1(kept)} if kept else {}
+    if isinstance(obj.get("spec"), dict):
+        main["f:spec"] = fields_v1(obj["spec"])
+    entries = [_entry(creator, api_version, created, main, "")]
+    status = obj.get("status")
+    if isinstance(status, dict) and status:
+        times = [
+            c.get("lastTransitionTime")
+            for c in status.get("conditions") or ()
+            if isinstance(c, dict) and isinstance(c.get("lastTransitionTime"), str)
+        ]
+        entries.append(
+            _entry(
+                status_writer,
+                api_version,
+                max(times, default=created),
+                {"f:status": fields_v1(status)},
+                "status",
+            )
+        )
+    return entries
+
+
+def _entry(
+    manager: str, api_version: str, time: str, fields: dict[str, Any], subresource: str
+) -> dict[str, Any]:
+    entry = {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": api_version,
+        "time": time,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    }
+    if subresource:
+        entry["subresource"] = subresource
+    return entry
