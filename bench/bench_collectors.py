@@ -38,7 +38,7 @@ import orjson
 import psutil
 import urllib3
 import yaml
-from measure import machine_busy_seconds, postgres_cpu_seconds, process_cpu_seconds
+from measure import machine_busy_seconds, peak_rss_mib, postgres_cpu_seconds, process_cpu_seconds
 
 CORES = psutil.cpu_count() or 1
 ALL = ("gpu_nodes", "gpu_pods", "gpu_workloads", "gpu_devices", "storage_backends")
@@ -348,7 +348,12 @@ def run(
                 f"  {label}: wall {wall:.2f} s, cpu {cpu:.2f} s, peak RSS {peak:.0f} MiB, Kubernetes requests {kube}, "
                 f"Prometheus queries {prom}; {'; '.join(f'{k}: {v}' for k, v in rows.items())}"
             )
-            watched = f", of lens watch {process_cpu_seconds(watch.pid) - watch_cpu:.2f} s" if watch else ""
+            watched = (
+                f", of lens watch {process_cpu_seconds(watch.pid) - watch_cpu:.2f} s"
+                f" (its peak RSS {peak_rss_mib(watch.pid):.0f} MiB)"
+                if watch
+                else ""
+            )
             print(
                 f"    cpu of the simulator(s) {simulator_cpu:.2f} s, of PostgreSQL {database_cpu:.2f} s{watched}; "
                 f"machine busy {machine_busy:.2f} s of {CORES * wall:.2f} core-seconds ({CORES} cores)"

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import orjson
 from kubernetes import config
+from measure import peak_rss_mib
 
 from lens_pipeline.kube.reader import raw_get
 
@@ -50,13 +51,6 @@ def list_pods(api: object, page_size: int) -> tuple[int, int, float, float, set[
         token = page["metadata"].get("continue")
         if not token:
             return pods, pages, time.perf_counter() - started, waiting, uids
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def main() -> int:

@@ -6,6 +6,8 @@ server, so a wall time means little without the CPU each of them spent.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psutil
 
 
@@ -28,3 +30,11 @@ def postgres_cpu_seconds() -> float:
         if process.info["name"] == "postgres" and process.info["cpu_times"] is not None:
             total += sum(process.info["cpu_times"][:2])
     return total
+
+
+def peak_rss_mib(pid: int) -> float:
+    """A process's peak resident set (VmHWM of /proc/<pid>/status), MiB; NaN where there is none."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
