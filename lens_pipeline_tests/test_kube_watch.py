@@ -138,6 +138,25 @@ def test_after_the_api_server_was_unreachable_the_reflector_lists_again(served) 
     assert reflector.snapshot().error == ""
 
 
+def test_a_version_the_server_has_not_reached_is_listed_again(served, monkeypatch) -> None:
+    """A watch from a version ahead of the server's (the list came from a server the watch's is
+    behind, or etcd was restored) is answered 504 "Too large resource version": as client-go does,
+    the reflector lists again instead of asking for the same version for ever."""
+    from lens_pipeline.sim import kubeapi
+
+    cluster, server = served
+    monkeypatch.setattr(kubeapi, "TOO_LARGE_WAIT_SECONDS", 0.2)
+    reader = _reader(cluster, server)
+    with Running(Reflector(reader, "/api/v1/nodes", _versions, watch_seconds=1)) as reflector:
+        _until(lambda: reflector.snapshot().synced_at is not None)
+        with reflector._lock:  # what a list from a server ahead would have left
+            reflector._version = str(cluster.resource_version + 1_000)
+        _until(lambda: reflector.stats.lists >= 2)
+        _until(lambda: reflector.snapshot().resource_version == str(cluster.resource_version))
+        assert reflector.stats.expired >= 1 and reflector.stats.failures == 0
+        assert reflector.snapshot().items == reader.list("/api/v1/nodes", _versions)
+
+
 def test_an_unexpected_error_is_said_and_the_reflector_goes_on(served) -> None:
     """A bug in what keeps the objects (here a projection that fails once) does not end the watch
     for good: it is counted and kept as the error, and the next try lists again."""

@@ -3,7 +3,9 @@
 A paged LIST gives the objects and the version of their snapshot; a watch from that version then
 gives every change after it, and the next watch starts from the last version seen (an event's, or
 a bookmark's). When the server no longer keeps the changes after that version (410 Gone, as an HTTP
-status or an ERROR event), the collection is listed again and what was kept is replaced whole. A
+status or an ERROR event), or has not reached it (504, "Too large resource version": a server
+behind the one listed from, or etcd restored), the collection is listed again and what was kept is
+replaced whole. A
 watch that fails otherwise (the connection dropped, the server restarting) is retried from the same
 version after a backoff; a list that fails leaves the collection unsynced until one succeeds.
 
@@ -41,7 +43,7 @@ WATCH_RETRY = Backoff(first=0.5, factor=2.0, cap=30.0)
 class ReflectorStats:
     lists: int = 0
     watches: int = 0
-    expired: int = 0  # 410 Gone: the changes after the version were no longer kept, listed again
+    expired: int = 0  # 410 Gone, or a version the server has not reached (504): listed again
     failures: int = 0  # lists and watches that failed otherwise
     events: dict[str, int] = field(default_factory=dict)
     last_error: str = ""
@@ -58,6 +60,12 @@ class Kept(Generic[T]):
     # the end of a watch the server kept; None: never listed.
     synced_at: float | None
     error: str  # why the last list or watch failed, "" when the last one did not
+
+
+def _too_large(exc: KubeError) -> bool:
+    """The server has not reached the version asked for (504, "Too large resource version"): it is
+    behind the one the list came from, or etcd was restored. client-go lists again; so does this."""
+    return exc.status == 504 and "Too large resource version" in exc.reason
 
 
 def object_key(obj: Any) -> str:
@@ -136,12 +144,13 @@ class Reflector(Generic[T]):
                     stop.wait(self.backoff.delay(1))
                 continue
             except KubeError as exc:
-                if exc.status == 410 and not listing:
+                gone = exc.status == 410 or _too_large(exc)
+                if gone and not listing:
                     self.stats.expired += 1
                     log.info("%s: %s; listing again", self.reader.cluster.name, exc)
                     with self._lock:  # what is kept misses changes until the list: not current
                         self._version = ""  # list again at once: the server has just answered
-                        self._error = f"listing again after 410 Gone: {exc.reason}"
+                        self._error = f"listing again: {exc.reason}"
                     continue
                 message = str(exc)
             except Exception as exc:  # a bug here must not end the watch for good: said, and tried again

@@ -368,6 +368,8 @@ def _true(text: str | None) -> bool:
 # asked for: kube-apiserver sends them about once a minute, and clients may not count on any).
 WATCH_POLL_SECONDS = 0.05
 BOOKMARK_SECONDS = 5.0
+# How long a watch from a version the server has not reached waits for it before 504.
+TOO_LARGE_WAIT_SECONDS = 3.0
 # kube-apiserver ends a watch without timeoutSeconds after its --min-request-timeout (1800 s).
 DEFAULT_WATCH_SECONDS = 1800
 
@@ -401,6 +403,24 @@ def watch_objects(
     if since == 0:
         snapshot = cluster.list_snapshot(kind.plural)
         initial, since = snapshot.entries, snapshot.resource_version
+    elif since > cluster.resource_version:
+        # A version this server has not reached (another server behind a load balancer was ahead,
+        # or etcd was restored): kube-apiserver's watch cache waits 3 s for it, then says so.
+        deadline = time.monotonic() + TOO_LARGE_WAIT_SECONDS
+        while cluster.resource_version < since and time.monotonic() < deadline:
+            time.sleep(WATCH_POLL_SECONDS)
+        if cluster.resource_version < since:
+            return status_response(
+                504,
+                f"Timeout: Too large resource version: {since}, current: {cluster.resource_version}",
+                reason="Timeout",
+                details={
+                    "causes": [
+                        {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+                    ],
+                    "retryAfterSeconds": 1,
+                },
+            )
     watch = _Watch(cluster, kind, namespace, predicates, _wants_table(req))
     stream = watch.events(initial, since, _true(req.param("allowWatchBookmarks")), seconds)
     return SimResponse(200, b"", stream=stream)

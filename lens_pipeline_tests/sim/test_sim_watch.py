@@ -157,6 +157,37 @@ def test_a_bad_resource_version_is_a_400(served) -> None:
     assert status == 400 and body["reason"] == "BadRequest" and "resourceVersion" in body["message"]
 
 
+def test_a_watch_from_a_version_not_reached_waits_for_it_then_is_a_504(served, v1, monkeypatch) -> None:
+    """As kube-apiserver's watch cache: a version ahead of the server's is waited for (3 s there),
+    and the watch goes on when it is reached; else 504 Timeout, cause ResourceVersionTooLarge."""
+    fleet, server, _ = served
+    cluster = fleet.cluster(NAME)
+    monkeypatch.setattr(kubeapi, "TOO_LARGE_WAIT_SECONDS", 0.5)
+    ahead = cluster.resource_version + 1_000
+    status, body = http(
+        f"{server.base_url(NAME)}/api/v1/pods?watch=true&resourceVersion={ahead}",
+        cluster.token,
+        server=server,
+    )
+    assert status == 504 and body["reason"] == "Timeout"
+    assert body["message"] == f"Timeout: Too large resource version: {ahead}, current: {ahead - 1_000}"
+    assert body["details"]["causes"] == [
+        {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+    ]
+
+    monkeypatch.setattr(kubeapi, "TOO_LARGE_WAIT_SECONDS", 10.0)
+    next_version = cluster.resource_version + 1
+    added: list[str] = []
+    threading.Timer(0.3, lambda: added.append(cluster.add_gpu_pod(_free_node(fleet), 1))).start()
+    seen = _events(
+        watch.Watch().stream(
+            v1.list_pod_for_all_namespaces, resource_version=str(next_version), timeout_seconds=2
+        )
+    )
+    assert added and ("ADDED", added[0]) in [(kind, pod) for kind, pod, _ in seen]
+    cluster.remove_pod("default", added[0])
+
+
 def test_kubectl_get_watch_shows_a_new_pod(served, tmp_path) -> None:
     kubectl = shutil.which("kubectl")
     skip_unless(kubectl is not None, "kubectl is not installed (Debian: kubernetes-client)")
