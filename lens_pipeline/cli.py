@@ -139,6 +139,7 @@ def _watch(args: argparse.Namespace) -> int:
         args.port,
         args.metrics_port,
         tokens=settings.watch_cache_tokens(),
+        clusters=first.clusters,
     )
 
 

@@ -378,11 +378,12 @@ def serve(
     metrics_port: int = 0,
     reload_seconds: float = 30.0,
     tokens: Sequence[str] = (),
+    clusters: Mapping[str, ClusterConfig] | None = None,
 ) -> int:
     """`lens watch`: serve until SIGTERM or Ctrl-C, reading the registry again every `reload_seconds`;
     with `metrics_port`, /metrics and /healthz on that port too; with `tokens`, objects only to a
-    request bearing one of them."""
-    cache = WatchCache(registry(), registry=registry, tokens=tokens)
+    request bearing one of them. `clusters`: the registry as just read (else it is read first)."""
+    cache = WatchCache(registry() if clusters is None else clusters, registry=registry, tokens=tokens)
     httpd = WatchCacheServer(cache, host, port)
     stopped = threading.Event()
     if metrics_port:
