@@ -89,8 +89,12 @@ def managed_fields(kind: str, api_version: str, obj: dict[str, Any]) -> list[dic
         if k in ("labels", "annotations", "ownerReferences", "generateName", "finalizers")
     }
     main: dict[str, Any] = {"f:metadata": fields_v1(kept)} if kept else {}
-    if isinstance(obj.get("spec"), dict):
-        main["f:spec"] = fields_v1(obj["spec"])
+    # Every other field the creator set: `spec`, or a StorageClass's `provisioner` and `parameters`.
+    main.update(
+        (f"f:{key}", fields_v1(value, key))
+        for key, value in obj.items()
+        if key not in ("apiVersion", "kind", "metadata", "status")
+    )
     entries = [_entry(creator, api_version, created, main, "")]
     status = obj.get("status")
     if isinstance(status, dict) and status:
