@@ -211,7 +211,7 @@ class WatchCache:
             "# TYPE lens_watch_cache_objects gauge",
             "# HELP lens_watch_cache_events_total Watch events applied, by type.",
             "# TYPE lens_watch_cache_events_total counter",
-            "# HELP lens_watch_cache_lists_total LISTs made (the first, and again after 410 Gone).",
+            "# HELP lens_watch_cache_lists_total LISTs made (the first, and again after 410 Gone or 504 Too large resource version).",
             "# TYPE lens_watch_cache_lists_total counter",
             "# HELP lens_watch_cache_failures_total Lists and watches that failed.",
             "# TYPE lens_watch_cache_failures_total counter",

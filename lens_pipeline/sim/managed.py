@@ -3,7 +3,8 @@ field ownership): one entry per manager and subresource that set fields, each a 
 
 Their format is the Kubernetes API reference's (ManagedFieldsEntry, FieldsV1): `f:<name>` for a
 field of a struct or a key of a map, `k:<keys>` for an item of a list keyed by its key fields (JSON
-of them), `.` for the item itself; an atomic list or a value is an empty set. They are often a third
+of them), `v:<value>` for a value of a set list, `.` for the item, map or set itself; an atomic list
+or a value is an empty set. They are often a third
 or more of an object's bytes, and a client parses them with everything else: a simulated LIST
 without them would cost less to read than a real one. Nothing the collectors keep reads them.
 """
@@ -14,8 +15,9 @@ from typing import Any
 
 import orjson
 
-# Lists whose items are keyed, by the field that keys them in the Kubernetes API (patch merge keys);
-# every other list is atomic (one set for the whole list).
+# Lists whose items are keyed (`listType=map` in the API's schema, by its `listMapKey`s); `_SETS` are
+# `listType=set` lists of values; every other list is atomic (one set for the whole list: container
+# statuses and taints among them).
 _KEYED_BY = {
     "containers": ("name",),
     "initContainers": ("name",),
@@ -25,13 +27,26 @@ _KEYED_BY = {
     "ports": ("containerPort", "protocol"),
     "conditions": ("type",),
     "ownerReferences": ("uid",),
-    "containerStatuses": ("name",),
-    "initContainerStatuses": ("name",),
     "addresses": ("type",),
-    "taints": ("key", "effect"),
     "podIPs": ("ip",),
     "hostIPs": ("ip",),
 }
+_SETS = frozenset({"finalizers"})
+# Fields that are maps (string keys of the user's choosing), not structs: their set holds "." too.
+_MAPS = frozenset(
+    {
+        "labels",
+        "annotations",
+        "limits",
+        "requests",
+        "capacity",
+        "allocatable",
+        "nodeSelector",
+        "matchLabels",
+        "parameters",
+        "data",
+    }
+)
 
 
 # The set with no sub-field, and the sets of maps whose values are all scalars, by their keys:
@@ -47,19 +62,22 @@ def fields_v1(value: Any, name: str = "") -> dict[str, Any]:
     """The FieldsV1 set of every field of `value` (a map's keys, a keyed list's items)."""
     if value.__class__ is dict:
         if _NESTED_TYPES.isdisjoint(map(type, value.values())):
-            keys = tuple(value)
+            keys = (name in _MAPS, *value)
             flat = _FLAT.get(keys)
             if flat is None:
                 if len(_FLAT) >= _FLAT_MAX:
                     _FLAT.clear()
-                flat = _FLAT[keys] = {f"f:{key}": _EMPTY for key in keys}
+                flat = {".": _EMPTY} if name in _MAPS else {}
+                flat.update((f"f:{key}", _EMPTY) for key in value)
+                _FLAT[keys] = flat
             return flat
-        return {
+        fields = {
             f"f:{key}": fields_v1(item, key)
-            if item.__class__ is dict or (item.__class__ is list and key in _KEYED_BY)
+            if item.__class__ is dict or (item.__class__ is list and (key in _KEYED_BY or key in _SETS))
             else _EMPTY  # a value, or an atomic list
             for key, item in value.items()
         }
+        return {".": _EMPTY, **fields} if name in _MAPS else fields
     keys = _KEYED_BY.get(name)
     if keys and value.__class__ is list:
         found: dict[str, Any] = {}
@@ -68,6 +86,8 @@ def fields_v1(value: Any, name: str = "") -> dict[str, Any]:
                 ident = orjson.dumps({k: item[k] for k in keys}, option=orjson.OPT_SORT_KEYS).decode()
                 found[f"k:{ident}"] = {".": _EMPTY, **fields_v1(item)}
         return found
+    if name in _SETS and value.__class__ is list and value:
+        return {".": _EMPTY, **{f"v:{orjson.dumps(item).decode()}": _EMPTY for item in value}}
     return _EMPTY
 
 

@@ -206,7 +206,8 @@ def _field_keys(fields: dict) -> Iterator[str]:
 def test_every_object_carries_the_managed_fields_kube_apiserver_writes(everything) -> None:
     """`metadata.managedFields` as the API reference defines them: an Update entry for the fields
     of metadata and spec, one for the status subresource, each a FieldsV1 set whose keys are
-    `f:<field>`, `k:<keys>` or `.`; a keyed list's items named by their key fields."""
+    `f:<field>`, `k:<keys>`, `v:<value>` or `.`; a keyed list's items named by their key fields, a
+    map's set holding "." (labels), an atomic list an empty set (container statuses)."""
     for path, objects in everything.items():
         for obj in objects:
             entries = obj["metadata"]["managedFields"]
@@ -215,7 +216,7 @@ def test_every_object_carries_the_managed_fields_kube_apiserver_writes(everythin
                 assert entry["operation"] in ("Apply", "Update") and entry["fieldsType"] == "FieldsV1"
                 assert entry["apiVersion"] == obj["apiVersion"] and entry["manager"]
                 assert entry["time"].endswith("Z")
-                assert all(k == "." or k[:2] in ("f:", "k:") for k in _field_keys(entry["fieldsV1"]))
+                assert all(k == "." or k[:2] in ("f:", "k:", "v:") for k in _field_keys(entry["fieldsV1"]))
             by_subresource = {entry.get("subresource", ""): entry["fieldsV1"] for entry in entries}
             if obj.get("status"):
                 assert set(by_subresource["status"]) == {"f:status"}, path
@@ -226,6 +227,9 @@ def test_every_object_carries_the_managed_fields_kube_apiserver_writes(everythin
     assert main["manager"] == "kube-controller-manager"
     containers = main["fieldsV1"]["f:spec"]["f:containers"]
     assert set(containers) == {f'k:{{"name":"{c["name"]}"}}' for c in pod["spec"]["containers"]}
+    assert main["fieldsV1"]["f:metadata"]["f:labels"]["."] == {}
+    (status,) = [e for e in pod["metadata"]["managedFields"] if e.get("subresource") == "status"]
+    assert status["manager"] == "kubelet" and status["fieldsV1"]["f:status"]["f:containerStatuses"] == {}
     owner = pod["metadata"]["ownerReferences"][0]["uid"]
     assert f'k:{{"uid":"{owner}"}}' in main["fieldsV1"]["f:metadata"]["f:ownerReferences"]
 
