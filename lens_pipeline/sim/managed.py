@@ -4,9 +4,9 @@ field ownership): one entry per manager and subresource that set fields, each a 
 Their format is the Kubernetes API reference's (ManagedFieldsEntry, FieldsV1): `f:<name>` for a
 field of a struct or a key of a map, `k:<keys>` for an item of a list keyed by its key fields (JSON
 of them), `v:<value>` for a value of a set list, `.` for the item, map or set itself; an atomic list
-or a value is an empty set. They are often a third
-or more of an object's bytes, and a client parses them with everything else: a simulated LIST
-without them would cost less to read than a real one. Nothing the collectors keep reads them.
+or a value is an empty set. They are often a third or more of an object's bytes, and a client parses
+them with everything else: a simulated LIST without them would cost less to read than a real one.
+Nothing the collectors keep reads them.
 """
 
 from __future__ import annotations
