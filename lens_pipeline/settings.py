@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lens_pipeline.bearer import split_tokens
+
 LENS_DATABASE_URL = "LENS_DATABASE_URL"
 LENS_SAFE_DATABASE_URL = "LENS_SAFE_DATABASE_URL"
 LENS_CLUSTERS_FILE = "LENS_CLUSTERS_FILE"
@@ -49,7 +51,7 @@ LENS_WATCH_CACHE_TOKEN = "LENS_WATCH_CACHE_TOKEN"
 def watch_cache_tokens() -> list[str]:
     """The watch cache's bearer tokens, comma-separated during a rotation: `lens watch` accepts
     each, the runs send the first. None: the cache asks for no token."""
-    return [token.strip() for token in os.environ.get(LENS_WATCH_CACHE_TOKEN, "").split(",") if token.strip()]
+    return split_tokens(os.environ.get(LENS_WATCH_CACHE_TOKEN))
 
 
 LENS_CLUSTERS_PER_RUN = "LENS_CLUSTERS_PER_RUN"

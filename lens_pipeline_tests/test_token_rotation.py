@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from lens_pipeline import bearer
 from lens_pipeline.api.app import create_app
 from lens_pipeline.ingest.config import Tokens, Unauthenticated
 from lens_pipeline.store.db import get_engine
@@ -39,3 +40,14 @@ def test_ingest_accepts_each_token_of_a_clusters_list(tmp_path):
     path.write_text("tokens:\n  east: [east-old, '']\n")
     with pytest.raises(ValueError, match="cluster east: empty token"):
         Tokens.load(str(path))
+
+
+def test_one_bearer_check_serves_the_api_the_watch_cache_and_ingest():
+    accepted = bearer.split_tokens(" new , ,old ")
+    assert accepted == ["new", "old"]
+    assert bearer.accepts("Bearer new", accepted) and bearer.accepts("bearer  old ", accepted)
+    for header in (None, "", "Bearer", "Bearer ", "Basic new", "Bearer ne", "Bearer new,old", "Bearernew"):
+        assert not bearer.accepts(header, accepted), header
+    assert bearer.accepts(None, []), "no token configured: nothing is asked"
+    assert bearer.matching("b", [("east", "a"), ("west", "b")]) == "west"
+    assert bearer.matching("c", [("east", "a"), ("west", "b")]) is None

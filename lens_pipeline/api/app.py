@@ -10,7 +10,6 @@ and a bearer token guards `/v1` when one is configured. The OpenAPI description 
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import time
@@ -32,7 +31,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lens_pipeline import settings
+from lens_pipeline import bearer, settings
 from lens_pipeline.api import aggregation, clusters, nodes, queries, workloads
 from lens_pipeline.api.common import (
     MAX_PAGE_NUM,
@@ -148,18 +147,11 @@ def create_app(
     app.add_middleware(QueryGuard)
     _offline_docs(app)
 
-    # Several tokens, comma-separated, are all accepted: a rotation adds the new one, moves the
-    # clients, then drops the old one (docs/OPERATIONS.md).
-    accepted = [t.strip().encode() for t in (token or "").split(",") if t.strip()]
+    # Several tokens, comma-separated, are all accepted during a rotation.
+    accepted = bearer.split_tokens(token)
 
     async def authorize(request: Request) -> None:
-        if not accepted:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        # Compared with every token in constant time: which one matched must not leak by timing.
-        matches = [hmac.compare_digest(given.encode(), expected) for expected in accepted]
-        if scheme.lower() != "bearer" or not any(matches):
+        if not bearer.accepts(request.headers.get("authorization"), accepted):
             raise ApiError(401, "missing or wrong bearer token")
 
     def resolve(cluster: str | None) -> str:

@@ -10,12 +10,12 @@ as the original did, or whatever cluster an event names.
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from lens_pipeline.bearer import bearer_token, matching
 from lens_pipeline.clusters import validate_cluster_name
 from lens_pipeline.ingest.events import DEFAULT_MAX_EVENT_BYTES
 
@@ -40,16 +40,15 @@ class Tokens:
             return None
         if not authorization:
             raise Unauthenticated("a bearer token is required (authorization: Bearer <token>)")
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = bearer_token(authorization)
+        if token is None:
             raise Unauthenticated("the authorization must be a bearer token")
-        token = token.strip().encode()
-        match = None
-        # Compare with every token in constant time: which one matched must not leak through timing.
-        for cluster, accepted in self.by_cluster.items():
-            for expected in [accepted] if isinstance(accepted, str) else accepted:
-                if hmac.compare_digest(token, expected.encode()):
-                    match = cluster
+        pairs = (
+            (cluster, expected)
+            for cluster, accepted in self.by_cluster.items()
+            for expected in ([accepted] if isinstance(accepted, str) else accepted)
+        )
+        match = matching(token, pairs)
         if match is None:
             raise Unauthenticated("the bearer token is not valid for any cluster")
         return match

@@ -29,7 +29,6 @@ watches it (`Reflector`): the API server sends only the changes. The runs ask th
 
 from __future__ import annotations
 
-import hmac
 import logging
 import signal
 import threading
@@ -42,6 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from lens_pipeline import bearer
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.collect.pods import slim_pod
 from lens_pipeline.kube.reader import ENTRY_PARAMETER, KubeReader, cacheable, entry_digest
@@ -102,7 +102,7 @@ class WatchCache:
         tokens: Sequence[str] = (),
     ) -> None:
         self.clusters = dict(clusters)
-        self._tokens = [token.encode() for token in tokens if token]
+        self._tokens = [token for token in tokens if token]
         self.refused = 0
         self._registry = registry
         self._registry_read_at = 0.0
@@ -119,12 +119,7 @@ class WatchCache:
     def authorized(self, authorization: str) -> bool:
         """Whether a request with this `Authorization` header may read objects (any, without
         tokens); a refusal is counted."""
-        if not self._tokens:
-            return True
-        scheme, _, given = authorization.partition(" ")
-        # Compared with every token in constant time: which one matched must not leak by timing.
-        matches = [hmac.compare_digest(given.strip().encode(), token) for token in self._tokens]
-        if scheme.lower() == "bearer" and any(matches):
+        if bearer.accepts(authorization, self._tokens):
             return True
         with self._lock:
             self.refused += 1
