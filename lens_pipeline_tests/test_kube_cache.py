@@ -22,6 +22,7 @@ from lens_pipeline.sim import SimCluster, SimFleet, SimServer
 
 NAME = "sim-amd-0"
 PODS = "/api/v1/pods"
+NODES = "/api/v1/nodes"
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +82,26 @@ def _served_from_cache(reader: KubeReader, path: str) -> bool:
     return reader.stats.sources[path] == "watch cache"
 
 
-def test_the_first_list_asks_the_api_server_and_later_ones_the_cache_page_by_page(served, cache) -> None:
+def _lists_of(cluster: SimCluster, path: str) -> list[str]:
+    """The API server's LISTs of `path` (first pages: a list's later pages and watches apart)."""
+    return [
+        line
+        for line in cluster.request_log.as_json()["recent"]
+        if line.startswith(f"GET {path}?") and "watch=true" not in line and "continue=" not in line
+    ]
+
+
+def test_a_cold_cache_lists_once_the_run_waits_for_it_and_then_reads_page_by_page(served, cache) -> None:
     cluster, _ = served
     _, url = cache
-    cluster.set_fault("kube")
+    cluster.set_fault("kube", delay=0.3)  # every request of the cache's list takes its time
+    cluster.request_log.reset()
     reader = _reader(served, url, page_size=7)
     first = reader.list(PODS, _versions)
-    assert reader.stats.sources[PODS].startswith("API server (watch cache: HTTP 503")
-    assert "being listed now" in reader.stats.sources[PODS]
+    # The run waited for the cache's list rather than list the API server beside it: one LIST.
+    assert reader.stats.sources[PODS] == "watch cache"
+    assert len(_lists_of(cluster, PODS)) == 1
+    cluster.set_fault("kube")
     _until(lambda: _served_from_cache(reader, PODS))
     cluster.request_log.reset()
     pages = reader.stats.pages
@@ -114,6 +127,42 @@ def test_the_first_list_asks_the_api_server_and_later_ones_the_cache_page_by_pag
     watch_cache._clock = lambda: time.time() + 10_000
     assert reader.list(PODS, _versions) == first
     assert "no sign of life from its watch" in reader.stats.sources[PODS]
+
+
+def test_a_run_waits_no_longer_than_it_said_nor_than_the_cache_allows(served) -> None:
+    cluster, server = served
+    cluster.set_fault("kube", delay=1.5)  # the cache's list: two requests (discovery apart) of 1.5 s
+    try:
+        with _serving(served) as (watch_cache, url):
+            watch_cache.max_wait_seconds = 0.5
+            reader = KubeReader(_config(cluster, server), max_retries=0, cache_url=url, cache_wait_seconds=30)
+            started = time.monotonic()
+            reader.list(NODES, _versions)
+            # Held for the cache's limit, then told why, and listed from the API server.
+            assert "still being listed after 0.5 s" in reader.stats.sources[NODES]
+            assert time.monotonic() - started < 1.5 + 5
+            impatient = KubeReader(
+                _config(cluster, server), max_retries=0, cache_url=url, cache_wait_seconds=0
+            )
+            impatient.list(PODS, _versions)
+            assert "not kept before: it is being listed now" in impatient.stats.sources[PODS]
+    finally:
+        cluster.set_fault("kube")
+
+
+def test_a_cold_list_that_fails_ends_the_wait_with_its_reason(served) -> None:
+    cluster, server = served
+    cluster.set_fault("kube", 403)
+    try:
+        with _serving(served) as (_, url):
+            reader = KubeReader(_config(cluster, server), max_retries=0, cache_url=url, cache_wait_seconds=30)
+            started = time.monotonic()
+            with pytest.raises(KubeError, match="HTTP 403"):
+                reader.list(NODES, _versions)
+            assert time.monotonic() - started < 10, "the wait ended with the failed list"
+            assert "not listed yet" in reader.stats.sources[NODES] and "403" in reader.stats.sources[NODES]
+    finally:
+        cluster.set_fault("kube")
 
 
 def test_what_the_cache_serves_follows_churn(served, cache) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from lens_pipeline import settings
 from lens_pipeline.clusters import ClusterConfig, Registry, load_registry
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
-from lens_pipeline.kube.reader import PAGE_SIZE, KubeReader
+from lens_pipeline.kube.reader import CACHE_WAIT_SECONDS, PAGE_SIZE, KubeReader
 from lens_pipeline.prom.reader import PromReader
 from lens_pipeline.retry import KUBE_REQUEST, KUBE_RETRIES
 from lens_pipeline.store.db import get_engine
@@ -74,6 +74,9 @@ class KubernetesResource(ConfigurableResource):
     max_list_restarts: int = 3  # a continue token that expired (410) restarts the LIST this often
     # The watch cache (`lens watch`) to ask before the API server; default `$LENS_WATCH_CACHE_URL`.
     watch_cache_url: str | None = None
+    # How long a run waits for a collection the cache is listing (cold, or again after 410) before
+    # it lists from the API server itself, a second LIST of it beside the cache's.
+    watch_cache_wait_seconds: float = CACHE_WAIT_SECONDS
     # One snapshot per cluster in a run: the collectors of a cluster share every LIST.
     _snapshots: dict = PrivateAttr(default_factory=dict)
 
@@ -86,6 +89,7 @@ class KubernetesResource(ConfigurableResource):
             max_restarts=self.max_list_restarts,
             cache_url=self.watch_cache_url or settings.watch_cache_url(),
             cache_token=next(iter(settings.watch_cache_tokens()), None),
+            cache_wait_seconds=self.watch_cache_wait_seconds,
         )
 
     def snapshot(self, cluster: ClusterConfig) -> ClusterSnapshot:

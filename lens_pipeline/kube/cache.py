@@ -6,9 +6,12 @@ whole cluster every minute to learn what changed. `lens watch` lists each collec
 watches it (`Reflector`): the API server sends only the changes. The runs ask the cache first
 (`KubeReader(cache_url=...)`) and the API server when the cache cannot answer.
 
-- A collection is kept from the first time a run asks for it: that request answers 503 (the run
-  lists from the API server, as without the cache), and the cache starts listing and watching.
-  One nobody asked for in `idle_seconds` stops being watched.
+- A collection is kept from the first time a run asks for it: the cache starts listing and
+  watching it, and holds that request until the list is done, for as long as the run said it would
+  wait (`lensWaitSeconds`, at most `max_wait_seconds`), so that the API server is listed once, not
+  by the run and the cache side by side; past that, or when the list failed, it answers 503 and the
+  run lists from the API server, as without the cache. A collection listed again (after 410) is
+  waited for the same way. One nobody asked for in `idle_seconds` stops being watched.
 - The cache answers only what it holds current: a collection being listed, or whose watch or
   list is failing (the API server unreachable, 410 and listing again), answers 503 with the
   reason, and the run asks the API server itself (and says so in its metadata).
@@ -30,6 +33,7 @@ watches it (`Reflector`): the API server sends only the changes. The runs ask th
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -44,7 +48,7 @@ import orjson
 from lens_pipeline import bearer
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.collect.pods import slim_pod
-from lens_pipeline.kube.reader import ENTRY_PARAMETER, KubeReader, cacheable, entry_digest
+from lens_pipeline.kube.reader import ENTRY_PARAMETER, WAIT_PARAMETER, KubeReader, cacheable, entry_digest
 from lens_pipeline.kube.watch import Kept, Reflector
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,8 @@ IDLE_SECONDS = 900.0
 # a connection that died without a word (no RST) is found within a minute and a half (the read
 # timeout), and a collection without a sign of life for two watches and a half minute is not served.
 CACHE_WATCH_SECONDS = 60
+# The longest a request waits for a collection being listed (a run says how long it would).
+MAX_WAIT_SECONDS = 120.0
 # A LIST's later pages are served from the snapshot of its first page for this long.
 PAGES_SECONDS = 300.0
 # What is kept of each object of a collection, as served (JSON); the others are kept whole but for
@@ -100,8 +106,10 @@ class WatchCache:
         reader: Callable[[ClusterConfig], KubeReader] = KubeReader,
         clock: Callable[[], float] = time.time,
         tokens: Sequence[str] = (),
+        max_wait_seconds: float = MAX_WAIT_SECONDS,
     ) -> None:
         self.clusters = dict(clusters)
+        self.max_wait_seconds = max_wait_seconds
         self._tokens = [token for token in tokens if token]
         self.refused = 0
         self._registry = registry
@@ -140,11 +148,12 @@ class WatchCache:
         if not cacheable(path):
             return _status(404, f"the watch cache does not keep {path}", "NotFound")
         asked = {key for key, values in query.items() if values and values[-1] not in ("", "0")}
-        if asked - {"limit", "continue", "resourceVersion", ENTRY_PARAMETER}:
+        if asked - {"limit", "continue", "resourceVersion", ENTRY_PARAMETER, WAIT_PARAMETER}:
             return _status(400, f"the watch cache serves whole lists only, not {sorted(asked)}", "BadRequest")
         token = (query.get("continue") or [""])[-1]
         limit = _limit(query)
         now = self._clock()
+        collection: _Collection | None = None  # a first page's
         with self._lock:
             self._prune(now)
             if token:
@@ -161,12 +170,22 @@ class WatchCache:
                     self._collections.pop((cluster, path)).stop.set()  # kept with an older entry
                     collection = None
                 if collection is None:
-                    self._keep(config, path, now)
-                    return _status(503, f"{path} was not kept: it is being listed now", "ServiceUnavailable")
+                    collection = self._keep(config, path, now)
                 collection.asked_at = now
+        if collection is not None:
+            # A collection being listed (cold, or again after 410) is waited for as long as the run
+            # said it would: its own LIST would be a second one of it on the API server.
+            wait = min(_wait(query), self.max_wait_seconds)
+            settled = wait <= 0 or collection.reflector.wait_listed(wait)
+            now = self._clock()
+            with self._lock:
                 kept = collection.reflector.snapshot()
                 why = _not_served(kept, now, self.max_age)
                 if why:
+                    if not settled:
+                        why = f"still being listed after {wait:g} s ({why})"
+                    elif kept.synced_at is None and not kept.error:
+                        why = "not kept before: it is being listed now"
                     return _status(503, f"{path}: {why}", "ServiceUnavailable")
                 self._next_pages += 1
                 token, offset = str(self._next_pages), 0
@@ -266,7 +285,7 @@ class WatchCache:
         for collection in collections:
             collection.stop.set()
 
-    def _keep(self, config: ClusterConfig, path: str, now: float) -> None:
+    def _keep(self, config: ClusterConfig, path: str, now: float) -> _Collection:
         cut = CUT.get(path, without_managed_fields)
 
         def keep(obj: Any) -> bytes:
@@ -277,9 +296,12 @@ class WatchCache:
         thread = threading.Thread(
             target=reflector.run, args=(stop,), name=f"lens-watch {config.name}{path}", daemon=True
         )
-        self._collections[(config.name, path)] = _Collection(config, reflector, stop, thread, now)
+        collection = self._collections[(config.name, path)] = _Collection(
+            config, reflector, stop, thread, now
+        )
         thread.start()
         log.info("cluster %s: keeping %s by list and watch", config.name, path)
+        return collection
 
     def _prune(self, now: float) -> None:
         for pages_id in [k for k, pages in self._pages.items() if now - pages.taken_at > PAGES_SECONDS]:
@@ -314,6 +336,15 @@ def _limit(query: Mapping[str, list[str]]) -> int | None:
     except ValueError:
         return None
     return limit if limit > 0 else None
+
+
+def _wait(query: Mapping[str, list[str]]) -> float:
+    """The seconds the run said it would wait for a collection being listed (none: 0)."""
+    try:
+        wait = float((query.get(WAIT_PARAMETER) or ["0"])[-1] or 0)
+    except ValueError:
+        return 0.0
+    return wait if math.isfinite(wait) and wait > 0 else 0.0
 
 
 def _offset(token: str) -> int:

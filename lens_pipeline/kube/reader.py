@@ -52,6 +52,11 @@ NEVER_CACHED = frozenset({"secrets", "configmaps"})
 # which serves only what it read with the same entry (a cluster whose entry changed, a new server or
 # token, is read anew).
 ENTRY_PARAMETER = "lensRegistryEntry"
+# A run asks the cache to hold the first page of a collection it is still listing for up to this
+# many seconds (its own LIST would be a second one of the same collection, beside the cache's); the
+# cache waits at most its own limit, and answers 503 if the list is not done by then.
+WAIT_PARAMETER = "lensWaitSeconds"
+CACHE_WAIT_SECONDS = 60.0
 
 
 def entry_digest(cluster: ClusterConfig) -> str:
@@ -187,12 +192,16 @@ class KubeReader:
         backoff_seconds: float = KUBE_REQUEST.first,
         cache_url: str | None = None,
         cache_token: str | None = None,
+        cache_wait_seconds: float = CACHE_WAIT_SECONDS,
     ) -> None:
         """`cache_url`: a watch cache (`lens watch`, `kube/cache.py`) to ask for whole collections
-        first, with `cache_token` as its bearer token; the API server answers whatever it cannot."""
+        first, with `cache_token` as its bearer token; the API server answers whatever it cannot.
+        A collection the cache is still listing (it was cold, or lists again after 410) is waited
+        for up to `cache_wait_seconds`, rather than listed from the API server a second time."""
         self.cluster = cluster
         self.cache_url = cache_url.rstrip("/") if cache_url else None
         self._cache_token = cache_token
+        self.cache_wait_seconds = cache_wait_seconds
         self._cache_api: k8s_client.ApiClient | None = None
         self._entry = entry_digest(cluster) if cache_url else ""
         self.page_size = page_size
@@ -423,8 +432,12 @@ class KubeReader:
             if self._cache_token:
                 configuration.api_key = {"authorization": f"Bearer {self._cache_token}"}
             self._cache_api = k8s_client.ApiClient(configuration)
-        timeout = (min(2.0, self.cluster.request_timeout_seconds), self.cluster.request_timeout_seconds)
+        read_timeout = self.cluster.request_timeout_seconds
         query = [*query, (ENTRY_PARAMETER, self._entry)]
+        if self.cache_wait_seconds > 0 and not any(key == "continue" for key, _ in query):
+            query.append((WAIT_PARAMETER, f"{self.cache_wait_seconds:g}"))
+            read_timeout += self.cache_wait_seconds
+        timeout = (min(2.0, self.cluster.request_timeout_seconds), read_timeout)
         try:
             return raw_get(self._cache_api, path, query, timeout)
         except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:

@@ -12,7 +12,8 @@ version after a backoff; a list that fails leaves the collection unsynced until 
 What is kept is `project(object)` per object, by `namespace/name` (how the API server names
 objects in a watch, including DELETED ones); an item that has no name is kept under its JSON, so
 that a malformed object listed is still handed on (to be counted where it is read) until the next
-list. Not thread-safe for writers: one thread runs `run`; readers take `snapshot`.
+list. Not thread-safe for writers: one thread runs `run`; readers take `snapshot`, and may wait
+for a list under way to end (`wait_listed`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class Reflector(Generic[T]):
         self.stats = ReflectorStats()
         self._clock = clock
         self._lock = threading.Lock()
+        # Told when a list ends, done or failed (`wait_listed`).
+        self._listed = threading.Condition(self._lock)
+        self._listing = False
         self._items: dict[str, T] = {}
         self._version = ""
         self._synced_at: float | None = None
@@ -120,6 +124,14 @@ class Reflector(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def wait_listed(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds while the collection is being listed: never listed and no
+        failure yet, or listing again. Whether it was then settled (listed, or failed and said why)."""
+        with self._listed:
+            return self._listed.wait_for(
+                lambda: not self._listing and (self._synced_at is not None or bool(self._error)), timeout
+            )
 
     def run(self, stop: threading.Event) -> None:
         """List, then watch, until `stop` is set; never raises for the cluster's sake (failures are
@@ -163,15 +175,26 @@ class Reflector(Generic[T]):
 
     def relist(self) -> None:
         """Replace what is kept by a LIST."""
-        items, version = self.reader.list_versioned(
-            self.path, lambda obj: (object_key(obj), self.project(obj))
-        )
+        with self._lock:
+            self._listing = True
+        try:
+            items, version = self.reader.list_versioned(
+                self.path, lambda obj: (object_key(obj), self.project(obj))
+            )
+        except BaseException as exc:
+            with self._lock:  # who waits for the list learns why it failed, not only that it ended
+                self._listing = False
+                self._error = str(exc) or type(exc).__name__
+                self._listed.notify_all()
+            raise
         self.stats.lists += 1
         with self._lock:
             self._items = dict(items)
             self._version = version
             self._synced_at = self._clock()
             self._error = ""
+            self._listing = False
+            self._listed.notify_all()
 
     def watch_once(self, stop: threading.Event) -> None:
         """One watch from the version kept, applying each event, until the server ends it or

@@ -308,10 +308,11 @@ def test_rows_built_for_another_gpu_resource_are_built_again(fleet_and_registry,
 def test_collectors_reading_the_watch_cache_equal_the_truth_through_churn(
     fleet_and_registry, sqlite_url, monkeypatch
 ):
-    """With `lens watch` between the runs and the API server: the first run lists from the API
-    server (the cache starts keeping what it asked for), the later ones from the cache, and say so;
-    what they store is the truth all the same, and a run that sees no change writes no row. The
-    cache asks for a token, which the runs take from the environment, as deployed."""
+    """With `lens watch` between the runs and the API server: the first run finds the cache cold,
+    which starts keeping what it asked for, and waits for its lists rather than list the API server
+    beside it; every run reads from the cache, and says so; what they store is the truth all the
+    same, and a run that sees no change writes no row. The cache asks for a token, which the runs
+    take from the environment, as deployed."""
     fleet, server, registry, instance = fleet_and_registry
     cluster = fleet.clusters[0]
     monkeypatch.setenv(settings.LENS_WATCH_CACHE_TOKEN, "t0ken,older")
@@ -354,9 +355,20 @@ def test_collectors_reading_the_watch_cache_equal_the_truth_through_churn(
         return True
 
     try:
+        cluster.request_log.reset()
         first = run()
-        assert first["gpu_nodes"]["kubernetes_lists_from_watch_cache"] == 0
-        assert "being listed now" in first["gpu_nodes"]["kubernetes_list_sources"]["/api/v1/pods"]
+        assert_matches_truth(sqlite_url, server, cluster.name)
+        first_sources = {
+            path: s for m in first.values() for path, s in m.get("kubernetes_list_sources", {}).items()
+        }
+        assert first_sources and set(first_sources.values()) == {"watch cache"}, first_sources
+        # The API server was listed once per collection, by the cache (first pages; watches apart).
+        listed = [
+            line.split("?")[0]
+            for line in cluster.request_log.as_json()["recent"]
+            if "limit=" in line and "continue=" not in line and "watch=true" not in line
+        ]
+        assert listed and len(listed) == len(set(listed)), listed
         _until(caught_up)
         for _ in range(2):
             cluster.churn(steps=4)
