@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +50,7 @@ from lens_pipeline import bearer
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.collect.pods import slim_pod
 from lens_pipeline.kube.reader import ENTRY_PARAMETER, WAIT_PARAMETER, KubeReader, cacheable, entry_digest
-from lens_pipeline.kube.watch import Kept, Reflector
+from lens_pipeline.kube.watch import Arriving, Kept, Reflector
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,9 @@ class _Collection:
 
 @dataclass
 class _Pages:
-    kept: Kept[bytes]
+    kept: Kept[bytes] | Arriving[bytes]
     taken_at: float
+    reflector: Reflector[bytes]
 
 
 @dataclass
@@ -152,50 +154,83 @@ class WatchCache:
             return _status(400, f"the watch cache serves whole lists only, not {sorted(asked)}", "BadRequest")
         token = (query.get("continue") or [""])[-1]
         limit = _limit(query)
+        # How long the run would wait for a page of a list under way (cold, or again after 410).
+        wait = min(_wait(query), self.max_wait_seconds)
         now = self._clock()
-        collection: _Collection | None = None  # a first page's
+        if token:
+            pages_id = token.split(":", 1)[0]
+            with self._lock:
+                self._prune(now)
+                pages = self._pages.get(pages_id)
+            if pages is None:
+                return _status(410, "the watch cache no longer holds this list's pages", "Expired")
+            return self._page(pages, pages_id, _offset(token), limit, wait)
         with self._lock:
             self._prune(now)
-            if token:
-                pages = self._pages.get(token.split(":", 1)[0])
-                if pages is None:
-                    return _status(410, "the watch cache no longer holds this list's pages", "Expired")
-                kept, offset = pages.kept, _offset(token)
-            else:
-                config = self.clusters.get(cluster, config)  # the entry as it is now
-                if entry and entry_digest(config) != entry:
-                    return _status(503, "the registry changed meanwhile", "ServiceUnavailable")
-                collection = self._collections.get((cluster, path))
-                if collection is not None and collection.config != config:
-                    self._collections.pop((cluster, path)).stop.set()  # kept with an older entry
-                    collection = None
-                if collection is None:
-                    collection = self._keep(config, path, now)
-                collection.asked_at = now
-        if collection is not None:
-            # A collection being listed (cold, or again after 410) is waited for as long as the run
-            # said it would: its own LIST would be a second one of it on the API server.
-            wait = min(_wait(query), self.max_wait_seconds)
-            settled = wait <= 0 or collection.reflector.wait_listed(wait)
-            now = self._clock()
-            with self._lock:
-                kept = collection.reflector.snapshot()
-                why = _not_served(kept, now, self.max_age)
+            config = self.clusters.get(cluster, config)  # the entry as it is now
+            if entry and entry_digest(config) != entry:
+                return _status(503, "the registry changed meanwhile", "ServiceUnavailable")
+            collection = self._collections.get((cluster, path))
+            if collection is not None and collection.config != config:
+                self._collections.pop((cluster, path)).stop.set()  # kept with an older entry
+                collection = None
+            if collection is None:
+                collection = self._keep(config, path, now)
+            collection.asked_at = now
+        reflector = collection.reflector
+        kept = reflector.snapshot()
+        why = _not_served(kept, now, self.max_age)
+        source: Kept[bytes] | Arriving[bytes] = kept
+        if why:
+            # Being listed: its pages are served as they arrive, rather than the run listing the
+            # API server beside the cache.
+            arriving = reflector.arriving(wait) if wait > 0 else None
+            if arriving is not None:
+                source = arriving
+            else:  # listed meanwhile, failed, or not (yet) under way
+                source = kept = reflector.snapshot()
+                why = _not_served(kept, self._clock(), self.max_age)
                 if why:
-                    if not settled:
-                        why = f"still being listed after {wait:g} s ({why})"
-                    elif kept.synced_at is None and not kept.error:
-                        why = "not kept before: it is being listed now"
+                    if kept.synced_at is None and not kept.error:
+                        why = (
+                            "not kept before: it is being listed now"
+                            if wait <= 0
+                            else f"the first page of its list did not arrive in {wait:g} s"
+                        )
                     return _status(503, f"{path}: {why}", "ServiceUnavailable")
-                self._next_pages += 1
-                token, offset = str(self._next_pages), 0
-                self._pages[token] = _Pages(kept, now)
-        end = len(kept.items) if limit is None else min(len(kept.items), offset + limit)
-        metadata: dict[str, Any] = {"resourceVersion": kept.resource_version}
-        pages_id = token.split(":", 1)[0]
-        if end < len(kept.items):
+        with self._lock:
+            self._next_pages += 1
+            pages_id = str(self._next_pages)
+            pages = self._pages[pages_id] = _Pages(source, now, reflector)
+        return self._page(pages, pages_id, 0, limit, wait)
+
+    def _page(self, pages: _Pages, pages_id: str, offset: int, limit: int | None, wait: float) -> Answer:
+        """The page from `offset` of a list's snapshot, or of a list under way once it arrived."""
+        source = pages.kept
+        if isinstance(source, Arriving):
+            wanted = offset + limit if limit is not None else sys.maxsize
+            pages.reflector.wait_for(source, wanted, wait)
+            ended = source.ended  # read before the items: once ended, they are all there
+            available = len(source.items)
+            if source.failed:
+                return _status(410, f"the list being served stopped: {source.failed}", "Expired")
+            if available <= offset and not ended:
+                return _status(503, f"no more of the list arrived in {wait:g} s", "ServiceUnavailable")
+            end = available if limit is None else min(available, offset + limit)
+            items = [item for _, item in source.items[offset:end]]
+            last, remaining, age = ended and end >= available, None, 0.0
+        else:
+            end = len(source.items) if limit is None else min(len(source.items), offset + limit)
+            items = source.items[offset:end]
+            last, remaining = end >= len(source.items), len(source.items) - end
+            age = self._clock() - source.synced_at if source.synced_at is not None else 0.0
+        metadata: dict[str, Any] = {
+            "resourceVersion": source.version if isinstance(source, Arriving) else source.resource_version
+        }
+        if not last:
             metadata["continue"] = f"{pages_id}:{end}"
-            metadata["remainingItemCount"] = len(kept.items) - end
+            if remaining is not None:
+                metadata["remainingItemCount"] = remaining
         else:  # the last page: the snapshot is let go
             with self._lock:
                 self._pages.pop(pages_id, None)
@@ -204,11 +239,10 @@ class WatchCache:
                 b'{"kind":"List","apiVersion":"v1","metadata":',
                 orjson.dumps(metadata),
                 b',"items":[',
-                b",".join(kept.items[offset:end]),
+                b",".join(items),
                 b"]}",
             )
         )
-        age = now - kept.synced_at if kept.synced_at is not None else 0.0
         return Answer(200, body, {AGE_HEADER: f"{age:.1f}"})
 
     def metrics(self) -> str:

@@ -52,9 +52,9 @@ NEVER_CACHED = frozenset({"secrets", "configmaps"})
 # which serves only what it read with the same entry (a cluster whose entry changed, a new server or
 # token, is read anew).
 ENTRY_PARAMETER = "lensRegistryEntry"
-# A run asks the cache to hold the first page of a collection it is still listing for up to this
-# many seconds (its own LIST would be a second one of the same collection, beside the cache's); the
-# cache waits at most its own limit, and answers 503 if the list is not done by then.
+# A run asks the cache to hold a page of a collection it is still listing for up to this many
+# seconds, until the page has arrived from the API server (the run's own LIST would be a second one
+# of the collection beside the cache's); the cache waits at most its own limit, then answers 503.
 WAIT_PARAMETER = "lensWaitSeconds"
 CACHE_WAIT_SECONDS = 60.0
 
@@ -196,8 +196,9 @@ class KubeReader:
     ) -> None:
         """`cache_url`: a watch cache (`lens watch`, `kube/cache.py`) to ask for whole collections
         first, with `cache_token` as its bearer token; the API server answers whatever it cannot.
-        A collection the cache is still listing (it was cold, or lists again after 410) is waited
-        for up to `cache_wait_seconds`, rather than listed from the API server a second time."""
+        A collection the cache is still listing (it was cold, or lists again after 410) is read
+        as it arrives, each page waited for up to `cache_wait_seconds`, rather than listed from the
+        API server a second time."""
         self.cluster = cluster
         self.cache_url = cache_url.rstrip("/") if cache_url else None
         self._cache_token = cache_token
@@ -266,14 +267,18 @@ class KubeReader:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        progress: Callable[[builtins.list[T], str], None] | None = None,
     ) -> tuple[builtins.list[T], str]:
-        """`list`, and the resourceVersion of its snapshot: where a watch of it starts."""
+        """`list`, and the resourceVersion of its snapshot: where a watch of it starts.
+
+        `progress(items, version)` is told after each page: the items so far (the list that grows
+        into the answer; a list restarted after 410 grows another) and the snapshot's version."""
         # Parsed JSON holds no reference cycles, but building millions of dicts makes the cyclic
         # collector rescan the whole heap again and again: at 150k pods that was most of the time.
         with paused_gc():
             if self.cache_url and not label_selector and not field_selector and cacheable(path):
                 try:
-                    found = self._list(path, project, None, None, self._cache_get)
+                    found = self._list(path, project, None, None, self._cache_get, progress)
                 except KubeError as exc:
                     self.stats.sources[path] = f"API server (watch cache: {exc.reason})"
                     # A cold or stale cache is routine; a token it refuses is a misconfiguration.
@@ -282,7 +287,7 @@ class KubeReader:
                 else:
                     self.stats.sources[path] = "watch cache"
                     return found
-            return self._list(path, project, label_selector, field_selector, self._get)
+            return self._list(path, project, label_selector, field_selector, self._get, progress)
 
     def _list(
         self,
@@ -291,6 +296,7 @@ class KubeReader:
         label_selector: str | None,
         field_selector: str | None,
         get: Callable[[str, builtins.list[tuple[str, Any]]], tuple[int, bytes]],
+        progress: Callable[[builtins.list[T], str], None] | None = None,
     ) -> tuple[builtins.list[T], str]:
         for attempt in range(self.max_restarts + 1):
             items: list[T] = []
@@ -319,6 +325,8 @@ class KubeReader:
                         pages.restart(token)  # the fetcher could not read it, or read it wrong
                     items.extend(project(item) for item in raw_items)
                     del page, raw_items
+                    if progress is not None:
+                        progress(items, version)
                     if not token:
                         return items, version
             self.stats.restarts += 1
@@ -434,7 +442,7 @@ class KubeReader:
             self._cache_api = k8s_client.ApiClient(configuration)
         read_timeout = self.cluster.request_timeout_seconds
         query = [*query, (ENTRY_PARAMETER, self._entry)]
-        if self.cache_wait_seconds > 0 and not any(key == "continue" for key, _ in query):
+        if self.cache_wait_seconds > 0:
             query.append((WAIT_PARAMETER, f"{self.cache_wait_seconds:g}"))
             read_timeout += self.cache_wait_seconds
         timeout = (min(2.0, self.cluster.request_timeout_seconds), read_timeout)

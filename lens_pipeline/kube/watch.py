@@ -12,8 +12,8 @@ version after a backoff; a list that fails leaves the collection unsynced until 
 What is kept is `project(object)` per object, by `namespace/name` (how the API server names
 objects in a watch, including DELETED ones); an item that has no name is kept under its JSON, so
 that a malformed object listed is still handed on (to be counted where it is read) until the next
-list. Not thread-safe for writers: one thread runs `run`; readers take `snapshot`, and may wait
-for a list under way to end (`wait_listed`).
+list. Not thread-safe for writers: one thread runs `run`; readers take `snapshot`, and may read a
+list under way as its pages arrive (`arriving`, `wait_for`).
 """
 
 from __future__ import annotations
@@ -63,6 +63,17 @@ class Kept(Generic[T]):
     error: str  # why the last list or watch failed, "" when the last one did not
 
 
+@dataclass
+class Arriving(Generic[T]):
+    """A list under way, as its pages arrive: what a reader can serve before the list is done."""
+
+    items: list[tuple[str, T]]  # (key, item) in the API server's order; grows page by page
+    version: str  # the resourceVersion of the list's snapshot
+    ended: bool = False  # the list is done: `items` is all of it
+    # Why no more will come: the list failed, or was restarted (410) and another list grows instead.
+    failed: str = ""
+
+
 def _too_large(exc: KubeError) -> bool:
     """The server has not reached the version asked for (504, "Too large resource version"): it is
     behind the one the list came from, or etcd was restored. client-go lists again; so does this."""
@@ -98,9 +109,10 @@ class Reflector(Generic[T]):
         self.stats = ReflectorStats()
         self._clock = clock
         self._lock = threading.Lock()
-        # Told when a list ends, done or failed (`wait_listed`).
-        self._listed = threading.Condition(self._lock)
+        # Told at each page of a list, and when it ends, done or failed (`arriving`, `wait_for`).
+        self._arrived = threading.Condition(self._lock)
         self._listing = False
+        self._arriving: Arriving[T] | None = None
         self._items: dict[str, T] = {}
         self._version = ""
         self._synced_at: float | None = None
@@ -125,12 +137,26 @@ class Reflector(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def wait_listed(self, timeout: float) -> bool:
-        """Wait up to `timeout` seconds while the collection is being listed: never listed and no
-        failure yet, or listing again. Whether it was then settled (listed, or failed and said why)."""
-        with self._listed:
-            return self._listed.wait_for(
-                lambda: not self._listing and (self._synced_at is not None or bool(self._error)), timeout
+    def arriving(self, timeout: float) -> Arriving[T] | None:
+        """The list under way once its first page has arrived, waiting up to `timeout` seconds
+        while the collection is being listed (or about to be: never listed, no failure yet); None
+        when no list is under way (or its first page has not come in time)."""
+        with self._arrived:
+            self._arrived.wait_for(
+                lambda: (
+                    self._arriving is not None
+                    or (not self._listing and (self._synced_at is not None or bool(self._error)))
+                ),
+                timeout,
+            )
+            return self._arriving
+
+    def wait_for(self, arriving: Arriving[T], count: int, timeout: float) -> bool:
+        """Wait up to `timeout` seconds until `arriving` holds `count` items or will hold no more;
+        whether it did."""
+        with self._arrived:
+            return self._arrived.wait_for(
+                lambda: len(arriving.items) >= count or arriving.ended or bool(arriving.failed), timeout
             )
 
     def run(self, stop: threading.Event) -> None:
@@ -174,18 +200,21 @@ class Reflector(Generic[T]):
             self.reader.reset()  # try again for real, with the token file read again
 
     def relist(self) -> None:
-        """Replace what is kept by a LIST."""
+        """Replace what is kept by a LIST; readers may serve its pages as they arrive (`arriving`)."""
         with self._lock:
             self._listing = True
         try:
             items, version = self.reader.list_versioned(
-                self.path, lambda obj: (object_key(obj), self.project(obj))
+                self.path, lambda obj: (object_key(obj), self.project(obj)), progress=self._page_arrived
             )
         except BaseException as exc:
             with self._lock:  # who waits for the list learns why it failed, not only that it ended
                 self._listing = False
                 self._error = str(exc) or type(exc).__name__
-                self._listed.notify_all()
+                if self._arriving is not None:
+                    self._arriving.failed = self._error
+                    self._arriving = None
+                self._arrived.notify_all()
             raise
         self.stats.lists += 1
         with self._lock:
@@ -194,7 +223,18 @@ class Reflector(Generic[T]):
             self._synced_at = self._clock()
             self._error = ""
             self._listing = False
-            self._listed.notify_all()
+            if self._arriving is not None:
+                self._arriving.ended = True
+                self._arriving = None
+            self._arrived.notify_all()
+
+    def _page_arrived(self, items: list[tuple[str, T]], version: str) -> None:
+        with self._lock:
+            if self._arriving is None or self._arriving.items is not items:
+                if self._arriving is not None:  # its list was restarted: its pages are no snapshot's
+                    self._arriving.failed = "the list was restarted (its continue token expired)"
+                self._arriving = Arriving(items, version)
+            self._arrived.notify_all()
 
     def watch_once(self, stop: threading.Event) -> None:
         """One watch from the version kept, applying each event, until the server ends it or
