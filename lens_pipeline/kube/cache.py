@@ -7,14 +7,16 @@ watches it (`Reflector`): the API server sends only the changes. The runs ask th
 (`KubeReader(cache_url=...)`) and the API server when the cache cannot answer.
 
 - A collection is kept from the first time a run asks for it: the cache starts listing and
-  watching it, and holds that request until the list is done, for as long as the run said it would
-  wait (`lensWaitSeconds`, at most `max_wait_seconds`), so that the API server is listed once, not
-  by the run and the cache side by side; past that, or when the list failed, it answers 503 and the
-  run lists from the API server, as without the cache. A collection listed again (after 410) is
-  waited for the same way. One nobody asked for in `idle_seconds` stops being watched.
-- The cache answers only what it holds current: a collection being listed, or whose watch or
-  list is failing (the API server unreachable, 410 and listing again), answers 503 with the
-  reason, and the run asks the API server itself (and says so in its metadata).
+  watching it, and serves that run the pages of its list as they arrive (`Reflector.arriving`), so
+  that the API server is listed once, not by the run and the cache side by side. Each page is
+  waited for as long as the run said it would wait (`lensWaitSeconds`, at most
+  `max_wait_seconds`); past that, or when the list failed, the answer is 503 and the run lists from
+  the API server, as without the cache; a list the cache had to start again (410) answers the
+  run's next page 410, and the run lists again. A collection listed again after a watch's 410 is
+  served the same way. One nobody asked for in `idle_seconds` stops being watched.
+- Otherwise the cache answers only what it holds current: a collection whose watch or list is
+  failing (the API server unreachable, a token refused), or without a sign of life, answers 503
+  with the reason, and the run asks the API server itself (and says so in its metadata).
 - Only unfiltered lists of a whole collection at cluster scope, and never Secrets or ConfigMaps:
   whatever may hold credentials stays between the runs and the API server.
 - Items are served as the API server sent them (each object's JSON), so a run reads the same
