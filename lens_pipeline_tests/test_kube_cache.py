@@ -138,6 +138,37 @@ def test_a_cold_list_restarted_under_the_run_makes_the_run_list_again_from_the_c
         cluster.clear_faults()  # the 410 too, had the list ended before it
 
 
+class _FailsAtThirdPage(KubeReader):
+    """The cache's reader: its list's third page is refused (as a token revoked mid-list would be)."""
+
+    def _get(self, path: str, query: list[tuple[str, Any]]) -> tuple[int, bytes]:
+        self.pages_asked = getattr(self, "pages_asked", 0) + any(k == "continue" for k, _ in query)
+        if self.pages_asked >= 2:
+            return 403, b'{"kind":"Status","message":"revoked mid-list","code":403}'
+        return super()._get(path, query)
+
+
+def test_a_cold_list_that_fails_after_its_first_pages_sends_the_run_to_the_api_server(served) -> None:
+    cluster, _ = served
+    cluster.set_fault("kube", delay=0.2)
+    try:
+        with _serving(served, reader=lambda config: _FailsAtThirdPage(config, page_size=5)) as (
+            watch_cache,
+            url,
+        ):
+            reader = _reader(served, url, page_size=3)
+            listed = reader.list(PODS, _versions)
+            # It had read pages of the cache's list; the list failed; it listed the API server.
+            assert reader.stats.sources[PODS].startswith("API server (watch cache: HTTP 503")
+            assert "revoked mid-list" in reader.stats.sources[PODS]
+            assert reader.stats.restarts == 0
+            assert not watch_cache._pages, "the failed list's pages are let go at once"
+            cluster.set_fault("kube")
+            assert sorted(listed) == sorted(_reader(served, None).list(PODS, _versions))
+    finally:
+        cluster.set_fault("kube")
+
+
 def test_the_first_list_from_a_warm_cache_is_served_page_by_page(served, cache) -> None:
     cluster, _ = served
     _, url = cache

@@ -74,8 +74,8 @@ class KubernetesResource(ConfigurableResource):
     max_list_restarts: int = 3  # a continue token that expired (410) restarts the LIST this often
     # The watch cache (`lens watch`) to ask before the API server; default `$LENS_WATCH_CACHE_URL`.
     watch_cache_url: str | None = None
-    # How long a run waits for a collection the cache is listing (cold, or again after 410) before
-    # it lists from the API server itself, a second LIST of it beside the cache's.
+    # How long a run waits for each page of a collection the cache is listing (cold, or again after
+    # 410), as the cache gets it from the API server, before it lists from the API server itself.
     watch_cache_wait_seconds: float = CACHE_WAIT_SECONDS
     # One snapshot per cluster in a run: the collectors of a cluster share every LIST.
     _snapshots: dict = PrivateAttr(default_factory=dict)

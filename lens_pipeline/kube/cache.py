@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import signal
 import sys
 import threading
@@ -88,6 +89,8 @@ class _Pages:
     kept: Kept[bytes] | Arriving[bytes]
     taken_at: float
     reflector: Reflector[bytes]
+    cluster: str
+    path: str
 
 
 @dataclass
@@ -127,6 +130,9 @@ class WatchCache:
         self._collections: dict[tuple[str, str], _Collection] = {}
         self._pages: dict[str, _Pages] = {}
         self._next_pages = 0
+        # Continue tokens name their pages by this process's prefix and a number: a token of an
+        # earlier `lens watch` finds no pages (410), not another list's.
+        self._pages_prefix = secrets.token_hex(4)
 
     def authorized(self, authorization: str) -> bool:
         """Whether a request with this `Authorization` header may read objects (any, without
@@ -156,17 +162,19 @@ class WatchCache:
             return _status(400, f"the watch cache serves whole lists only, not {sorted(asked)}", "BadRequest")
         token = (query.get("continue") or [""])[-1]
         limit = _limit(query)
-        # How long the run would wait for a page of a list under way (cold, or again after 410).
+        # How long the run would wait for a page of a list under way (cold, or again after 410):
+        # one deadline for the whole request, whatever it waits for.
         wait = min(_wait(query), self.max_wait_seconds)
+        deadline = time.monotonic() + wait
         now = self._clock()
         if token:
             pages_id = token.split(":", 1)[0]
             with self._lock:
                 self._prune(now)
                 pages = self._pages.get(pages_id)
-            if pages is None:
+            if pages is None or (pages.cluster, pages.path) != (cluster, path):
                 return _status(410, "the watch cache no longer holds this list's pages", "Expired")
-            return self._page(pages, pages_id, _offset(token), limit, wait)
+            return self._page(pages, pages_id, _offset(token), limit, deadline)
         with self._lock:
             self._prune(now)
             config = self.clusters.get(cluster, config)  # the entry as it is now
@@ -176,6 +184,7 @@ class WatchCache:
             if collection is not None and collection.config != config:
                 self._collections.pop((cluster, path)).stop.set()  # kept with an older entry
                 collection = None
+            created = collection is None
             if collection is None:
                 collection = self._keep(config, path, now)
             collection.asked_at = now
@@ -193,31 +202,37 @@ class WatchCache:
                 source = kept = reflector.snapshot()
                 why = _not_served(kept, self._clock(), self.max_age)
                 if why:
-                    if kept.synced_at is None and not kept.error:
-                        why = (
-                            "not kept before: it is being listed now"
-                            if wait <= 0
-                            else f"the first page of its list did not arrive in {wait:g} s"
-                        )
+                    if wait > 0 and reflector.listing:
+                        why = f"the first page of its list did not arrive in {wait:g} s"
+                    elif reflector.listing:
+                        why = f"{'not kept before: ' if created else ''}it is being listed now"
                     return _status(503, f"{path}: {why}", "ServiceUnavailable")
         with self._lock:
             self._next_pages += 1
-            pages_id = str(self._next_pages)
-            pages = self._pages[pages_id] = _Pages(source, now, reflector)
-        return self._page(pages, pages_id, 0, limit, wait)
+            pages_id = f"{self._pages_prefix}{self._next_pages}"
+            pages = self._pages[pages_id] = _Pages(source, now, reflector, cluster, path)
+        return self._page(pages, pages_id, 0, limit, deadline)
 
-    def _page(self, pages: _Pages, pages_id: str, offset: int, limit: int | None, wait: float) -> Answer:
-        """The page from `offset` of a list's snapshot, or of a list under way once it arrived."""
+    def _page(self, pages: _Pages, pages_id: str, offset: int, limit: int | None, deadline: float) -> Answer:
+        """The page from `offset` of a list's snapshot, or of a list under way as far as it arrived
+        by `deadline` (time.monotonic())."""
         source = pages.kept
         if isinstance(source, Arriving):
             wanted = offset + limit if limit is not None else sys.maxsize
-            pages.reflector.wait_for(source, wanted, wait)
+            pages.reflector.wait_for(source, wanted, max(0.0, deadline - time.monotonic()))
             ended = source.ended  # read before the items: once ended, they are all there
             available = len(source.items)
-            if source.failed:
-                return _status(410, f"the list being served stopped: {source.failed}", "Expired")
-            if available <= offset and not ended:
-                return _status(503, f"no more of the list arrived in {wait:g} s", "ServiceUnavailable")
+            answer = None
+            if source.restarted:  # the run lists again, from the list that replaced it
+                answer = _status(410, f"the list being served stopped: {source.failed}", "Expired")
+            elif source.failed:  # the run lists from the API server
+                answer = _status(503, f"the watch cache's list failed: {source.failed}", "ServiceUnavailable")
+            elif available <= offset and not ended:
+                answer = _status(503, "no more of the list arrived in time", "ServiceUnavailable")
+            if answer is not None:
+                with self._lock:  # a list no one will read further is let go now, not at the prune
+                    self._pages.pop(pages_id, None)
+                return answer
             end = available if limit is None else min(available, offset + limit)
             items = [item for _, item in source.items[offset:end]]
             last, remaining, age = ended and end >= available, None, 0.0

@@ -70,8 +70,10 @@ class Arriving(Generic[T]):
     items: list[tuple[str, T]]  # (key, item) in the API server's order; grows page by page
     version: str  # the resourceVersion of the list's snapshot
     ended: bool = False  # the list is done: `items` is all of it
-    # Why no more will come: the list failed, or was restarted (410) and another list grows instead.
+    # Why no more will come: the list failed, or (with `restarted`) its continue token expired and
+    # another list grows instead.
     failed: str = ""
+    restarted: bool = False
 
 
 def _too_large(exc: KubeError) -> bool:
@@ -137,6 +139,12 @@ class Reflector(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def listing(self) -> bool:
+        """Whether a list is under way, or about to be (never listed, and no failure yet)."""
+        with self._lock:
+            return self._listing or (self._synced_at is None and not self._error)
+
     def arriving(self, timeout: float) -> Arriving[T] | None:
         """The list under way once its first page has arrived, waiting up to `timeout` seconds
         while the collection is being listed (or about to be: never listed, no failure yet); None
@@ -189,6 +197,7 @@ class Reflector(Generic[T]):
                     with self._lock:  # what is kept misses changes until the list: not current
                         self._version = ""  # list again at once: the server has just answered
                         self._error = f"listing again: {exc.reason}"
+                        self._listing = True  # a reader now waits for that list's pages
                     continue
                 message = str(exc)
             except Exception as exc:  # a bug here must not end the watch for good: said, and tried again
@@ -233,6 +242,7 @@ class Reflector(Generic[T]):
             if self._arriving is None or self._arriving.items is not items:
                 if self._arriving is not None:  # its list was restarted: its pages are no snapshot's
                     self._arriving.failed = "the list was restarted (its continue token expired)"
+                    self._arriving.restarted = True
                 self._arriving = Arriving(items, version)
             self._arrived.notify_all()
 
