@@ -21,11 +21,13 @@ def split_tokens(setting: str | None) -> list[str]:
 
 
 def bearer_token(authorization: str | None) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header; None for no header, another
-    scheme or an empty token."""
-    scheme, _, token = (authorization or "").partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
+    """The token of an `Authorization: Bearer <token>` header (blanks around the header dropped,
+    as HTTP drops them); None for no header, another scheme, or a token that is empty or holds a
+    blank ("Bearer  t" is refused, as kube-apiserver refuses it)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
+        return None
+    return token
 
 
 def matching(given: str, accepted: Iterable[tuple[K, str]]) -> K | None:

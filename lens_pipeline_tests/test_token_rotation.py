@@ -45,8 +45,19 @@ def test_ingest_accepts_each_token_of_a_clusters_list(tmp_path):
 def test_one_bearer_check_serves_the_api_the_watch_cache_and_ingest():
     accepted = bearer.split_tokens(" new , ,old ")
     assert accepted == ["new", "old"]
-    assert bearer.accepts("Bearer new", accepted) and bearer.accepts("bearer  old ", accepted)
-    for header in (None, "", "Bearer", "Bearer ", "Basic new", "Bearer ne", "Bearer new,old", "Bearernew"):
+    assert bearer.accepts("Bearer new", accepted) and bearer.accepts("bearer old ", accepted)
+    for header in (
+        None,
+        "",
+        "Bearer",
+        "Bearer ",
+        "Basic new",
+        "Bearer ne",
+        "Bearer new,old",
+        "Bearernew",
+        "Bearer  new",
+        "Bearer new old",
+    ):
         assert not bearer.accepts(header, accepted), header
     assert bearer.accepts(None, []), "no token configured: nothing is asked"
     assert bearer.matching("b", [("east", "a"), ("west", "b")]) == "west"
