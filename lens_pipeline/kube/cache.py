@@ -202,10 +202,12 @@ class WatchCache:
                 source = kept = reflector.snapshot()
                 why = _not_served(kept, self._clock(), self.max_age)
                 if why:
-                    if wait > 0 and reflector.listing:
-                        why = f"the first page of its list did not arrive in {wait:g} s"
-                    elif reflector.listing:
-                        why = f"{'not kept before: ' if created else ''}it is being listed now"
+                    if reflector.listing:
+                        why = (
+                            f"the first page of its list did not arrive in {wait:g} s"
+                            if wait > 0
+                            else f"{'not kept before: ' if created else ''}it is being listed now"
+                        )
                     return _status(503, f"{path}: {why}", "ServiceUnavailable")
         with self._lock:
             self._next_pages += 1

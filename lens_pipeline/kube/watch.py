@@ -143,20 +143,17 @@ class Reflector(Generic[T]):
     def listing(self) -> bool:
         """Whether a list is under way, or about to be (never listed, and no failure yet)."""
         with self._lock:
-            return self._listing or (self._synced_at is None and not self._error)
+            return self._under_way()
+
+    def _under_way(self) -> bool:  # `listing`, with the lock held
+        return self._listing or (self._synced_at is None and not self._error)
 
     def arriving(self, timeout: float) -> Arriving[T] | None:
         """The list under way once its first page has arrived, waiting up to `timeout` seconds
         while the collection is being listed (or about to be: never listed, no failure yet); None
         when no list is under way (or its first page has not come in time)."""
         with self._arrived:
-            self._arrived.wait_for(
-                lambda: (
-                    self._arriving is not None
-                    or (not self._listing and (self._synced_at is not None or bool(self._error)))
-                ),
-                timeout,
-            )
+            self._arrived.wait_for(lambda: self._arriving is not None or not self._under_way(), timeout)
             return self._arriving
 
     def wait_for(self, arriving: Arriving[T], count: int, timeout: float) -> bool:
