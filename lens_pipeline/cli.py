@@ -72,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     watch.add_argument("--host", default="0.0.0.0")
     watch.add_argument("--port", type=int, default=8095, help="the kept objects, /metrics and /healthz")
     watch.add_argument("--metrics-port", type=int, default=0, help="/metrics and /healthz alone (0: none)")
+    watch.add_argument(
+        "--warm",
+        metavar="PATHS",
+        help="comma-separated collections kept of every cluster from the start, before a run asks"
+        " (default: the nodes and the pods; '' for none: each is kept when a run first asks)",
+    )
 
     ingest = commands.add_parser("ingest", help="the container-event sidecar (gRPC + HTTP) for node agents")
     _ingest_arguments(ingest)
@@ -125,10 +131,16 @@ def _registry_path(args: argparse.Namespace, command: str) -> str | None:
 
 def _watch(args: argparse.Namespace) -> int:
     from lens_pipeline.clusters import load_registry
-    from lens_pipeline.kube.cache import serve
+    from lens_pipeline.kube.cache import WARM, serve
+    from lens_pipeline.kube.reader import cacheable
 
     path = _registry_path(args, "watch")
     if not path:
+        return 2
+    warm = WARM if args.warm is None else tuple(p.strip() for p in args.warm.split(",") if p.strip())
+    not_kept = [p for p in warm if not cacheable(p)]
+    if not_kept:
+        print(f"lens watch: --warm: not a collection the cache keeps: {', '.join(not_kept)}", file=sys.stderr)
         return 2
     first = load_registry(path)
     for error in first.errors:
@@ -140,6 +152,7 @@ def _watch(args: argparse.Namespace) -> int:
         args.metrics_port,
         tokens=settings.watch_cache_tokens(),
         clusters=first.clusters,
+        warm=warm,
     )
 
 

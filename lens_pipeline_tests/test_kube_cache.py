@@ -353,3 +353,47 @@ def test_a_run_with_another_registry_entry_is_served_only_what_was_read_with_its
     # The old entry's runs are now the ones sent to the API server.
     reader.list("/api/v1/nodes", _versions)
     assert "not the run's" in reader.stats.sources["/api/v1/nodes"]
+
+
+def test_nodes_and_pods_are_kept_from_the_start_and_when_a_cluster_joins(served) -> None:
+    """`warm`: what every run lists is listed before a run asks (a restarted `lens watch` is warm by
+    the next runs), again for a cluster that joins the registry or whose entry changed, but not
+    again for one the cache let go for nobody asking."""
+    cluster, server = served
+    cluster.request_log.reset()
+    with _serving(served, warm=(NODES, PODS)) as (watch_cache, url):
+
+        def kept(name: str) -> set[str]:
+            return {
+                path
+                for (cluster_name, path), c in watch_cache._collections.items()
+                if cluster_name == name and c.reflector.status().synced_at is not None
+            }
+
+        _until(lambda: kept(NAME) == {NODES, PODS})
+        assert len(_lists_of(cluster, PODS)) == 1 and len(_lists_of(cluster, NODES)) == 1
+        reader = _reader(served, url)
+        reader.list(PODS, _versions)
+        assert reader.stats.sources[PODS] == "watch cache" and reader.stats.requests == 0
+        assert len(_lists_of(cluster, PODS)) == 1  # the run's list was the cache's, not another
+
+        config = watch_cache.clusters[NAME]
+        joined = ClusterConfig(name="joined", server=server.base_url(NAME), token=cluster.token)
+        watch_cache.set_clusters({NAME: config, "joined": joined})
+        _until(lambda: kept("joined") == {NODES, PODS})
+        assert len(_lists_of(cluster, PODS)) == 2
+
+        # Nobody asked for them in `idle_seconds`: let go, and not kept again by the next reading
+        # of an unchanged registry; kept again when the cluster's entry changes.
+        with watch_cache._lock:
+            watch_cache._prune(time.time() + watch_cache.idle_seconds + 1)
+        assert not watch_cache._collections
+        watch_cache.set_clusters({NAME: config, "joined": joined})
+        assert not watch_cache._collections
+        changed = config.model_copy(update={"request_timeout_seconds": 7})
+        watch_cache.set_clusters({NAME: changed, "joined": joined})
+        assert set(watch_cache._collections) == {(NAME, NODES), (NAME, PODS)}
+        assert all(c.config == changed for c in watch_cache._collections.values())
+
+    with pytest.raises(ValueError, match="cannot keep /api/v1/secrets"):
+        WatchCache({}, warm=(PODS, "/api/v1/secrets"))

@@ -253,8 +253,12 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
                 _start([*watch, "--metrics-port", str(watch_metrics)], env, tmp_path / "watch.log")
             )
             _wait_http(processes[-1], f"http://127.0.0.1:{watch_metrics}/healthz", tmp_path / "watch.log")
-            # A run's first LIST of the nodes: the cache starts keeping them.
-            assert _get(f"http://127.0.0.1:{watch_port}/clusters/{cluster}/api/v1/nodes") == 503
+            # It keeps every cluster's nodes and pods from the start, before a run asks: served soon.
+            nodes_url = f"http://127.0.0.1:{watch_port}/clusters/{cluster}/api/v1/nodes"
+            deadline = time.monotonic() + 30
+            while _get(nodes_url) != 200:
+                assert time.monotonic() < deadline, (tmp_path / "watch.log").read_text()[-2000:]
+                time.sleep(0.2)
             feeder = threading.Thread(
                 target=feed_forever, args=(fleet, f"127.0.0.1:{grpc_port}", 0.5, stopped), daemon=True
             )
@@ -326,8 +330,11 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
             assert 0 <= float(ratio["value"][1]) <= 1
             (lag,) = _query(base, f'lens:container_events_lag_seconds:max{{cluster="{cluster}"}}')
             assert float(lag["value"][1]) > 0  # no container_events run applies them here
-            (served,) = _query(base, f'lens:watch_cache_served:min{{cluster="{cluster}"}}')
-            assert served["metric"]["path"] == "/api/v1/nodes" and served["value"][1] == "1"
+            served = _query(base, f'lens:watch_cache_served:min{{cluster="{cluster}"}}')
+            assert {s["metric"]["path"]: s["value"][1] for s in served} == {
+                "/api/v1/nodes": "1",
+                "/api/v1/pods": "1",
+            }
             # The objects are served on their own port only.
             assert _get(f"http://127.0.0.1:{watch_metrics}/clusters/{cluster}/api/v1/nodes") == 404
         finally:

@@ -6,7 +6,10 @@ whole cluster every minute to learn what changed. `lens watch` lists each collec
 watches it (`Reflector`): the API server sends only the changes. The runs ask the cache first
 (`KubeReader(cache_url=...)`) and the API server when the cache cannot answer.
 
-- A collection is kept from the first time a run asks for it: the cache starts listing and
+- Every cluster's nodes and pods (`WARM`: what every run lists, and the largest) are kept from the
+  start, and from when a cluster joins the registry or its entry changes: a restarted `lens watch`
+  lists them before the next runs come, not when they ask.
+- Any other collection is kept from the first time a run asks for it: the cache starts listing and
   watching it, and serves that run the pages of its list as they arrive (`Reflector.arriving`), so
   that the API server is listed once, not by the run and the cache side by side. Each page is
   waited for as long as the run said it would wait (`lensWaitSeconds`, at most
@@ -69,6 +72,9 @@ PAGES_SECONDS = 300.0
 # What is kept of each object of a collection, as served (JSON); the others are kept whole but for
 # their managedFields (`without_managed_fields`).
 CUT: dict[str, Callable[[Any], Any]] = {"/api/v1/pods": slim_pod}
+# What `lens watch` keeps of every cluster from the start: what every collection run lists, and the
+# largest collections. The owner kinds depend on the cluster (its CRDs): kept when first asked for.
+WARM = ("/api/v1/nodes", "/api/v1/pods")
 # How often at most a run's other registry entry makes the cache read the registry again.
 REREAD_SECONDS = 2.0
 # Seconds since the served collection's last list, event or bookmark.
@@ -114,7 +120,12 @@ class WatchCache:
         clock: Callable[[], float] = time.time,
         tokens: Sequence[str] = (),
         max_wait_seconds: float = MAX_WAIT_SECONDS,
+        warm: Sequence[str] = (),
     ) -> None:
+        not_kept = [path for path in warm if not cacheable(path)]
+        if not_kept:
+            raise ValueError(f"the watch cache cannot keep {', '.join(not_kept)}")
+        self.warm = tuple(warm)
         self.clusters = dict(clusters)
         self.max_wait_seconds = max_wait_seconds
         self._tokens = [token for token in tokens if token]
@@ -133,6 +144,8 @@ class WatchCache:
         # Continue tokens name their pages by this process's prefix and a number: a token of an
         # earlier `lens watch` finds no pages (410), not another list's.
         self._pages_prefix = secrets.token_hex(4)
+        with self._lock:
+            self._warm_up(self.clusters)
 
     def authorized(self, authorization: str) -> bool:
         """Whether a request with this `Authorization` header may read objects (any, without
@@ -321,14 +334,26 @@ class WatchCache:
 
     def set_clusters(self, clusters: Mapping[str, ClusterConfig]) -> None:
         """The registry as it now is: a cluster gone or changed (a new token, a new server) stops
-        its collections; they are kept again, with the new configuration, when next asked for."""
+        its collections; they are kept again, with the new configuration, when next asked for, but
+        for the `warm` ones of a cluster new or changed, kept again at once."""
         with self._lock:
+            joined = {name: c for name, c in clusters.items() if self.clusters.get(name) != c}
             self.clusters = dict(clusters)
             for key in [
                 k for k in self._collections if self.clusters.get(k[0]) != self._collections[k].config
             ]:
                 self._collections.pop(key).stop.set()
                 log.info("cluster %s: registry changed, %s no longer watched with the old entry", *key)
+            self._warm_up(joined)
+
+    def _warm_up(self, clusters: Mapping[str, ClusterConfig]) -> None:
+        """Keep the `warm` collections of `clusters` that are not kept yet (with the lock held). Once
+        kept, they are let go like any other when no run asks for them in `idle_seconds`."""
+        now = self._clock()
+        for name, config in clusters.items():
+            for path in self.warm:
+                if (name, path) not in self._collections:
+                    self._keep(config, path, now)
 
     def close(self) -> None:
         """Stop every watch (each ends at its next event, bookmark or timeout)."""
@@ -458,11 +483,15 @@ def serve(
     reload_seconds: float = 30.0,
     tokens: Sequence[str] = (),
     clusters: Mapping[str, ClusterConfig] | None = None,
+    warm: Sequence[str] = WARM,
 ) -> int:
     """`lens watch`: serve until SIGTERM or Ctrl-C, reading the registry again every `reload_seconds`;
     with `metrics_port`, /metrics and /healthz on that port too; with `tokens`, objects only to a
-    request bearing one of them. `clusters`: the registry as just read (else it is read first)."""
-    cache = WatchCache(registry() if clusters is None else clusters, registry=registry, tokens=tokens)
+    request bearing one of them. `clusters`: the registry as just read (else it is read first);
+    `warm`: the collections of every cluster kept from the start."""
+    cache = WatchCache(
+        registry() if clusters is None else clusters, registry=registry, tokens=tokens, warm=warm
+    )
     httpd = WatchCacheServer(cache, host, port)
     stopped = threading.Event()
     if metrics_port:
@@ -478,7 +507,8 @@ def serve(
 
     threading.Thread(target=reload, name="lens-watch-registry", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=httpd.shutdown, daemon=True).start())
-    also = f", /metrics on port {metrics_port}" if metrics_port else ""
+    also = f", keeping {', '.join(warm)} of each from the start" if warm else ""
+    also += f", /metrics on port {metrics_port}" if metrics_port else ""
     also += "" if tokens else "; no bearer token asked (set $LENS_WATCH_CACHE_TOKEN)"
     print(f"lens watch on {httpd.url} for {len(cache.clusters)} cluster(s){also}", flush=True)
     try:
