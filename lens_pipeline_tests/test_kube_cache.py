@@ -392,8 +392,41 @@ def test_nodes_and_pods_are_kept_from_the_start_and_when_a_cluster_joins(served)
         assert not watch_cache._collections
         changed = config.model_copy(update={"request_timeout_seconds": 7})
         watch_cache.set_clusters({NAME: changed, "joined": joined})
+        _until(lambda: kept(NAME) == {NODES, PODS})
         assert set(watch_cache._collections) == {(NAME, NODES), (NAME, PODS)}
         assert all(c.config == changed for c in watch_cache._collections.values())
 
     with pytest.raises(ValueError, match="cannot keep /api/v1/secrets"):
         WatchCache({}, warm=(PODS, "/api/v1/secrets"))
+
+
+def test_the_collections_kept_from_the_start_are_listed_a_few_at_a_time(served) -> None:
+    """A fleet's first lists do not all start at once (each would hold a parsed page): at most
+    `warm_at_once` are under way; a run's ask is not queued behind them."""
+    cluster, server = served
+    cluster.set_fault("kube", delay=0.3)  # each list (one page) takes its time
+    fleet = {
+        name: ClusterConfig(name=name, server=server.base_url(NAME), token=cluster.token)
+        for name in ("a", "b", "c")
+    }
+    try:
+        with _serving(served, warm=(NODES, PODS), warm_at_once=2) as (watch_cache, url):
+            watch_cache.set_clusters({**watch_cache.clusters, **fleet})
+            most = 0
+
+            def all_listed() -> bool:
+                nonlocal most
+                collections = dict(watch_cache._collections)
+                warming = [c for key, c in collections.items() if key != ("c", PODS)]
+                most = max(most, sum(c.reflector.listing for c in warming))
+                return len(collections) == 8 and not any(c.reflector.listing for c in collections.values())
+
+            # A run asks for the last cluster's pods, queued behind the others: kept at once.
+            run = KubeReader(fleet["c"], max_retries=0, cache_url=url)
+            run.list(PODS, _versions)
+            assert run.stats.sources[PODS] == "watch cache" and run.stats.requests == 0
+            _until(all_listed)
+            assert most == 2
+            assert all(c.reflector.status().synced_at for c in watch_cache._collections.values())
+    finally:
+        cluster.set_fault("kube")

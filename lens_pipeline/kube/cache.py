@@ -44,6 +44,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -75,6 +76,9 @@ CUT: dict[str, Callable[[Any], Any]] = {"/api/v1/pods": slim_pod}
 # What `lens watch` keeps of every cluster from the start: what every collection run lists, and the
 # largest collections. The owner kinds depend on the cluster (its CRDs): kept when first asked for.
 WARM = ("/api/v1/nodes", "/api/v1/pods")
+# At most this many of them are listed at once (at the start, when clusters join): a fleet's first
+# lists all at once would each hold a parsed page, for no sooner an end on the same CPU.
+WARM_AT_ONCE = 4
 # How often at most a run's other registry entry makes the cache read the registry again.
 REREAD_SECONDS = 2.0
 # Seconds since the served collection's last list, event or bookmark.
@@ -121,11 +125,16 @@ class WatchCache:
         tokens: Sequence[str] = (),
         max_wait_seconds: float = MAX_WAIT_SECONDS,
         warm: Sequence[str] = (),
+        warm_at_once: int = WARM_AT_ONCE,
     ) -> None:
         not_kept = [path for path in warm if not cacheable(path)]
         if not_kept:
             raise ValueError(f"the watch cache cannot keep {', '.join(not_kept)}")
         self.warm = tuple(warm)
+        self.warm_at_once = warm_at_once
+        self._to_warm: deque[tuple[str, ClusterConfig, str]] = deque()
+        self._warming = False
+        self._closed = threading.Event()
         self.clusters = dict(clusters)
         self.max_wait_seconds = max_wait_seconds
         self._tokens = [token for token in tokens if token]
@@ -347,16 +356,35 @@ class WatchCache:
             self._warm_up(joined)
 
     def _warm_up(self, clusters: Mapping[str, ClusterConfig]) -> None:
-        """Keep the `warm` collections of `clusters` that are not kept yet (with the lock held). Once
-        kept, they are let go like any other when no run asks for them in `idle_seconds`."""
-        now = self._clock()
-        for name, config in clusters.items():
-            for path in self.warm:
-                if (name, path) not in self._collections:
-                    self._keep(config, path, now)
+        """Keep the `warm` collections of `clusters` (with the lock held): queued, and listed
+        `warm_at_once` at a time by a thread of their own; one a run asks for meanwhile is kept at
+        once, as always. Once kept, they are let go like any other when no run asks for them in
+        `idle_seconds`."""
+        self._to_warm.extend((name, config, path) for name, config in clusters.items() for path in self.warm)
+        if self._to_warm and not self._warming:
+            self._warming = True
+            threading.Thread(target=self._warmer, name="lens-watch-warm", daemon=True).start()
+
+    def _warmer(self) -> None:
+        in_flight: dict[tuple[str, str], _Collection] = {}
+        while True:
+            with self._lock:  # no longer kept (the registry changed): its list will not end
+                in_flight = {key: c for key, c in in_flight.items() if self._collections.get(key) is c}
+            in_flight = {key: c for key, c in in_flight.items() if c.reflector.listing}
+            with self._lock:
+                while self._to_warm and len(in_flight) < self.warm_at_once and not self._closed.is_set():
+                    name, config, path = self._to_warm.popleft()
+                    if self.clusters.get(name) != config or (name, path) in self._collections:
+                        continue  # gone, or changed (queued again with its new entry), or asked for
+                    in_flight[(name, path)] = self._keep(config, path, self._clock())
+                if self._closed.is_set() or not (self._to_warm or in_flight):
+                    self._warming = False
+                    return
+            self._closed.wait(0.2)
 
     def close(self) -> None:
         """Stop every watch (each ends at its next event, bookmark or timeout)."""
+        self._closed.set()
         with self._lock:
             collections = list(self._collections.values())
             self._collections.clear()
