@@ -364,9 +364,11 @@ def test_nodes_and_pods_are_kept_from_the_start_and_when_a_cluster_joins(served)
     with _serving(served, warm=(NODES, PODS)) as (watch_cache, url):
 
         def kept(name: str) -> set[str]:
+            with watch_cache._lock:
+                collections = dict(watch_cache._collections)
             return {
                 path
-                for (cluster_name, path), c in watch_cache._collections.items()
+                for (cluster_name, path), c in collections.items()
                 if cluster_name == name and c.reflector.status().synced_at is not None
             }
 
@@ -389,7 +391,8 @@ def test_nodes_and_pods_are_kept_from_the_start_and_when_a_cluster_joins(served)
             watch_cache._prune(time.time() + watch_cache.idle_seconds + 1)
         assert not watch_cache._collections
         watch_cache.set_clusters({NAME: config, "joined": joined})
-        assert not watch_cache._collections
+        with watch_cache._lock:
+            assert not watch_cache._to_warm and not watch_cache._collections
         changed = config.model_copy(update={"request_timeout_seconds": 7})
         watch_cache.set_clusters({NAME: changed, "joined": joined})
         _until(lambda: kept(NAME) == {NODES, PODS})
@@ -404,29 +407,74 @@ def test_the_collections_kept_from_the_start_are_listed_a_few_at_a_time(served) 
     """A fleet's first lists do not all start at once (each would hold a parsed page): at most
     `warm_at_once` are under way; a run's ask is not queued behind them."""
     cluster, server = served
-    cluster.set_fault("kube", delay=0.3)  # each list (one page) takes its time
+    cluster.set_fault("kube", delay=1.0)  # each list (one page) takes a second
     fleet = {
         name: ClusterConfig(name=name, server=server.base_url(NAME), token=cluster.token)
         for name in ("a", "b", "c")
     }
+    most, sampling = 0, threading.Event()
     try:
         with _serving(served, warm=(NODES, PODS), warm_at_once=2) as (watch_cache, url):
-            watch_cache.set_clusters({**watch_cache.clusters, **fleet})
-            most = 0
 
-            def all_listed() -> bool:
+            def sample() -> None:  # the warmer's lists under way, the run's own apart
                 nonlocal most
-                collections = dict(watch_cache._collections)
-                warming = [c for key, c in collections.items() if key != ("c", PODS)]
-                most = max(most, sum(c.reflector.listing for c in warming))
-                return len(collections) == 8 and not any(c.reflector.listing for c in collections.values())
+                while not sampling.wait(0.02):
+                    with watch_cache._lock:
+                        warming = [c for key, c in watch_cache._collections.items() if key != ("c", PODS)]
+                    most = max(most, sum(c.reflector.listing for c in warming))
 
-            # A run asks for the last cluster's pods, queued behind the others: kept at once.
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            watch_cache.set_clusters({**watch_cache.clusters, **fleet})
+            # A run asks for the last cluster's pods, queued behind four lists of a second each
+            # (two at a time): kept at once, and served while the cluster's nodes still wait.
+            started = time.monotonic()
             run = KubeReader(fleet["c"], max_retries=0, cache_url=url)
             run.list(PODS, _versions)
             assert run.stats.sources[PODS] == "watch cache" and run.stats.requests == 0
+            assert time.monotonic() - started < 1.9
+            assert ("c", NODES) not in watch_cache._collections
+
+            def all_listed() -> bool:
+                with watch_cache._lock:
+                    collections = list(watch_cache._collections.values())
+                return len(collections) == 8 and not any(c.reflector.listing for c in collections)
+
             _until(all_listed)
+            sampling.set()
+            sampler.join()
             assert most == 2
             assert all(c.reflector.status().synced_at for c in watch_cache._collections.values())
     finally:
+        sampling.set()
         cluster.set_fault("kube")
+
+
+def test_a_warm_list_stuck_on_a_cluster_whose_entry_changed_frees_its_place(served) -> None:
+    """One at a time, and the first hangs (an API server that never answers): once the registry
+    gives that cluster another entry, its list is no longer waited for, and the next are listed."""
+    cluster, server = served
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        stuck = ClusterConfig(
+            name="stuck",
+            server=f"http://127.0.0.1:{silent.getsockname()[1]}",
+            token="t",
+            request_timeout_seconds=60,
+        )
+        watch_cache = WatchCache({"stuck": stuck}, warm=(NODES,), warm_at_once=1, watch_seconds=2)
+        try:
+            _until(lambda: ("stuck", NODES) in watch_cache._collections)
+            moved = ClusterConfig(name="stuck", server=server.base_url(NAME), token=cluster.token)
+            other = ClusterConfig(name="other", server=server.base_url(NAME), token=cluster.token)
+            watch_cache.set_clusters({"stuck": moved, "other": other})
+
+            def listed() -> set[str]:
+                with watch_cache._lock:
+                    collections = dict(watch_cache._collections)
+                return {name for (name, _), c in collections.items() if c.reflector.status().synced_at}
+
+            _until(lambda: listed() == {"stuck", "other"}, seconds=15)
+        finally:
+            watch_cache.close()

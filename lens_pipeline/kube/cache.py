@@ -130,6 +130,8 @@ class WatchCache:
         not_kept = [path for path in warm if not cacheable(path)]
         if not_kept:
             raise ValueError(f"the watch cache cannot keep {', '.join(not_kept)}")
+        if warm_at_once < 1:
+            raise ValueError("warm_at_once must be 1 or more")
         self.warm = tuple(warm)
         self.warm_at_once = warm_at_once
         self._to_warm: deque[tuple[str, ClusterConfig, str]] = deque()
@@ -346,6 +348,7 @@ class WatchCache:
         its collections; they are kept again, with the new configuration, when next asked for, but
         for the `warm` ones of a cluster new or changed, kept again at once."""
         with self._lock:
+            self._prune(self._clock())  # also what no run asks for (runs not using the cache)
             joined = {name: c for name, c in clusters.items() if self.clusters.get(name) != c}
             self.clusters = dict(clusters)
             for key in [
@@ -366,6 +369,15 @@ class WatchCache:
             threading.Thread(target=self._warmer, name="lens-watch-warm", daemon=True).start()
 
     def _warmer(self) -> None:
+        try:
+            self._warm_queued()
+        except Exception:  # said, and the next cluster to join starts another warmer
+            log.exception("keeping the collections of the registry from the start failed")
+        finally:
+            with self._lock:
+                self._warming = False
+
+    def _warm_queued(self) -> None:
         in_flight: dict[tuple[str, str], _Collection] = {}
         while True:
             with self._lock:  # no longer kept (the registry changed): its list will not end
@@ -378,7 +390,6 @@ class WatchCache:
                         continue  # gone, or changed (queued again with its new entry), or asked for
                     in_flight[(name, path)] = self._keep(config, path, self._clock())
                 if self._closed.is_set() or not (self._to_warm or in_flight):
-                    self._warming = False
                     return
             self._closed.wait(0.2)
 
@@ -388,6 +399,7 @@ class WatchCache:
         with self._lock:
             collections = list(self._collections.values())
             self._collections.clear()
+            self._to_warm.clear()
         for collection in collections:
             collection.stop.set()
 
