@@ -18,7 +18,7 @@ import pytest
 
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.kube.cache import WatchCache, WatchCacheServer
-from lens_pipeline.kube.reader import KubeError, KubeReader, cacheable
+from lens_pipeline.kube.reader import KUBE_FIELDS, KubeError, KubeReader, cacheable
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer
 
 NAME = "sim-amd-0"
@@ -478,3 +478,25 @@ def test_a_warm_list_stuck_on_a_cluster_whose_entry_changed_frees_its_place(serv
             _until(lambda: listed() == {"stuck", "other"}, seconds=15)
         finally:
             watch_cache.close()
+
+
+def test_an_edit_of_a_clusters_prometheus_or_exporters_alone_keeps_what_the_cache_holds(
+    served, cache
+) -> None:
+    """What the cache serves depends on how the API server is reached (`KUBE_FIELDS`), not on the
+    entry's other fields: a new Prometheus URL neither drops 165,000 kept pods nor turns a run
+    with the new entry away. Every field of an entry is one or the other."""
+    assert KUBE_FIELDS | {"vendor", "prometheus_url", "exporters", "juicefs_capacity_bytes"} == set(
+        ClusterConfig.model_fields
+    )
+    cluster, _ = served
+    watch_cache, url = cache
+    _until(lambda: _served_from_cache(_reader(served, url), NODES))
+    (kept,) = watch_cache._collections.values()
+    edited = watch_cache.clusters[NAME].model_copy(update={"prometheus_url": "http://elsewhere:9090"})
+    watch_cache.set_clusters({NAME: edited})
+    assert list(watch_cache._collections.values()) == [kept] and not kept.stop.is_set()
+    run = KubeReader(edited, max_retries=0, cache_url=url)
+    assert _served_from_cache(run, NODES)
+    watch_cache.set_clusters({NAME: edited.model_copy(update={"token": cluster.token + "x"})})
+    assert not watch_cache._collections and kept.stop.is_set()

@@ -56,7 +56,14 @@ import orjson
 from lens_pipeline import bearer
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.collect.pods import slim_pod
-from lens_pipeline.kube.reader import ENTRY_PARAMETER, WAIT_PARAMETER, KubeReader, cacheable, entry_digest
+from lens_pipeline.kube.reader import (
+    ENTRY_PARAMETER,
+    WAIT_PARAMETER,
+    KubeReader,
+    cacheable,
+    entry_digest,
+    same_kube_entry,
+)
 from lens_pipeline.kube.watch import Arriving, Kept, Reflector
 
 log = logging.getLogger(__name__)
@@ -205,7 +212,7 @@ class WatchCache:
             if entry and entry_digest(config) != entry:
                 return _status(503, "the registry changed meanwhile", "ServiceUnavailable")
             collection = self._collections.get((cluster, path))
-            if collection is not None and collection.config != config:
+            if collection is not None and not same_kube_entry(collection.config, config):
                 self._collections.pop((cluster, path)).stop.set()  # kept with an older entry
                 collection = None
             created = collection is None
@@ -344,15 +351,19 @@ class WatchCache:
         return config
 
     def set_clusters(self, clusters: Mapping[str, ClusterConfig]) -> None:
-        """The registry as it now is: a cluster gone or changed (a new token, a new server) stops
-        its collections; they are kept again, with the new configuration, when next asked for, but
+        """The registry as it now is: a cluster gone or changed (a new token, a new server; not an
+        edit of its Prometheus or exporters alone: `KUBE_FIELDS`) stops its collections; they are kept again, with the new configuration, when next asked for, but
         for the `warm` ones of a cluster new or changed, kept again at once."""
         with self._lock:
             self._prune(self._clock())  # also what no run asks for (runs not using the cache)
-            joined = {name: c for name, c in clusters.items() if self.clusters.get(name) != c}
+            joined = {
+                name: c for name, c in clusters.items() if not same_kube_entry(self.clusters.get(name), c)
+            }
             self.clusters = dict(clusters)
             for key in [
-                k for k in self._collections if self.clusters.get(k[0]) != self._collections[k].config
+                k
+                for k in self._collections
+                if not same_kube_entry(self.clusters.get(k[0]), self._collections[k].config)
             ]:
                 self._collections.pop(key).stop.set()
                 log.info("cluster %s: registry changed, %s no longer watched with the old entry", *key)
@@ -386,7 +397,10 @@ class WatchCache:
             with self._lock:
                 while self._to_warm and len(in_flight) < self.warm_at_once and not self._closed.is_set():
                     name, config, path = self._to_warm.popleft()
-                    if self.clusters.get(name) != config or (name, path) in self._collections:
+                    if (
+                        not same_kube_entry(self.clusters.get(name), config)
+                        or (name, path) in self._collections
+                    ):
                         continue  # gone, or changed (queued again with its new entry), or asked for
                     in_flight[(name, path)] = self._keep(config, path, self._clock())
                 if self._closed.is_set() or not (self._to_warm or in_flight):

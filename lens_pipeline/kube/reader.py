@@ -59,9 +59,41 @@ WAIT_PARAMETER = "lensWaitSeconds"
 CACHE_WAIT_SECONDS = 60.0
 
 
+# The fields of a registry entry that decide how its API server is reached and what it answers;
+# the others (its Prometheus, its exporters' settings) have no bearing on the objects listed.
+KUBE_FIELDS = frozenset(
+    {
+        "name",
+        "kubeconfig",
+        "context",
+        "in_cluster",
+        "server",
+        "token",
+        "token_file",
+        "ca_file",
+        "ca_data",
+        "cert_data",
+        "key_data",
+        "cert_file",
+        "key_file",
+        "tls_server_name",
+        "insecure_skip_tls_verify",
+        "request_timeout_seconds",
+    }
+)
+
+
 def entry_digest(cluster: ClusterConfig) -> str:
-    """A digest of the whole registry entry (a token in it is one-way hashed with the rest)."""
-    return hashlib.sha256(cluster.model_dump_json().encode()).hexdigest()[:32]
+    """A digest of the registry entry's `KUBE_FIELDS` (a token in it is one-way hashed with the
+    rest): a watch cache serves a run only what it read with the same."""
+    return hashlib.sha256(cluster.model_dump_json(include=set(KUBE_FIELDS)).encode()).hexdigest()[:32]
+
+
+def same_kube_entry(one: ClusterConfig | None, other: ClusterConfig | None) -> bool:
+    """Whether two registry entries reach the same API server the same way (`KUBE_FIELDS`)."""
+    if one is None or other is None:
+        return one is other
+    return one is other or entry_digest(one) == entry_digest(other)
 
 
 def cacheable(path: str) -> bool:
