@@ -137,6 +137,11 @@ class SimCluster:
                 gc.enable()
         self.history = ClusterHistory() if history else None
         self._record()
+        # Watches sleep until a change (or their next bookmark): a fleet's thousand watches polling
+        # twenty times a second took the simulator's cores from everything else.
+        self._changed = threading.Condition(threading.Lock())
+        self._changed_to = self._state.resource_version
+        self._state.on_new_version = self._new_version
 
     def __repr__(self) -> str:
         return (
@@ -152,6 +157,16 @@ class SimCluster:
     @property
     def resource_version(self) -> int:
         return self._state.resource_version
+
+    def wait_for_change(self, after: int, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a resourceVersion past `after`; whether there is one."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._changed_to > after, max(0.0, timeout))
+
+    def _new_version(self, version: int) -> None:
+        with self._changed:
+            self._changed_to = version
+            self._changed.notify_all()
 
     def node_names(self) -> list[str]:
         """Names of the simulated GPU nodes, sorted."""

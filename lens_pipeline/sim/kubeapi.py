@@ -364,9 +364,10 @@ def _true(text: str | None) -> bool:
     return text in _TRUE
 
 
-# How often a watch looks for new changes, and how long it stays quiet before a bookmark (when
-# asked for: kube-apiserver sends them about once a minute, and clients may not count on any).
-WATCH_POLL_SECONDS = 0.05
+# How long a watch sleeps at most without a change (it is woken by one; it then writes nothing,
+# which finds a client gone), and how long it stays quiet before a bookmark (when asked for:
+# kube-apiserver sends them about once a minute, and clients may not count on any).
+WATCH_IDLE_SECONDS = 1.0
 BOOKMARK_SECONDS = 5.0
 # How long a watch from a version the server has not reached waits for it before 504.
 TOO_LARGE_WAIT_SECONDS = 3.0
@@ -408,7 +409,7 @@ def watch_objects(
         # or etcd was restored): kube-apiserver's watch cache waits 3 s for it, then says so.
         deadline = time.monotonic() + TOO_LARGE_WAIT_SECONDS
         while cluster.resource_version < since and time.monotonic() < deadline:
-            time.sleep(WATCH_POLL_SECONDS)
+            cluster.wait_for_change(cluster.resource_version, deadline - time.monotonic())
         if cluster.resource_version < since:
             return status_response(
                 504,
@@ -469,7 +470,10 @@ class _Watch:
                 }
                 yield b'{"type":"BOOKMARK","object":' + orjson.dumps(bookmark) + b"}\n"
             yield b""
-            time.sleep(WATCH_POLL_SECONDS)
+            wake = min(deadline, clock() + WATCH_IDLE_SECONDS)
+            if bookmarks:
+                wake = min(wake, quiet_since + BOOKMARK_SECONDS)
+            self.cluster.wait_for_change(current, wake - clock())
 
     def _matches(self, key: str, raw: bytes) -> bool:
         if not key.startswith(self.prefix):

@@ -96,6 +96,8 @@ class ClusterState:
         self.clock = clock
         self.stores = {kind.plural: ObjectStore(kind.plural) for kind in KINDS}
         self.resource_version = 0
+        # Told each new resourceVersion (the cluster wakes its watches with it); none while populated.
+        self.on_new_version: Callable[[int], None] | None = None
         self.version = 0  # bumps on every change, including samples, to invalidate cached series
         self.raw: set[tuple[str, str]] = set()
         self.records: dict[str, dict[str, ObjectRecord]] = {kind.plural: {} for kind in KINDS}
@@ -239,6 +241,8 @@ class ClusterState:
     def next_resource_version(self) -> str:
         self.resource_version += 1
         self.version += 1
+        if self.on_new_version is not None:
+            self.on_new_version(self.resource_version)
         return str(self.resource_version)
 
     def changed(self) -> None:
