@@ -352,8 +352,9 @@ class WatchCache:
 
     def set_clusters(self, clusters: Mapping[str, ClusterConfig]) -> None:
         """The registry as it now is: a cluster gone or changed (a new token, a new server; not an
-        edit of its Prometheus or exporters alone: `KUBE_FIELDS`) stops its collections; they are kept again, with the new configuration, when next asked for, but
-        for the `warm` ones of a cluster new or changed, kept again at once."""
+        edit of its Prometheus or exporters alone: `KUBE_FIELDS`) stops its collections. They are
+        kept again, with the new entry, when next asked for; the `warm` ones of a cluster new or
+        changed at once."""
         with self._lock:
             self._prune(self._clock())  # also what no run asks for (runs not using the cache)
             joined = {
