@@ -131,16 +131,17 @@ def _registry_path(args: argparse.Namespace, command: str) -> str | None:
 
 def _watch(args: argparse.Namespace) -> int:
     from lens_pipeline.clusters import load_registry
-    from lens_pipeline.kube.cache import WARM, serve
-    from lens_pipeline.kube.reader import cacheable
+    from lens_pipeline.kube.cache import WARM, serve, warm_paths
 
     path = _registry_path(args, "watch")
     if not path:
         return 2
-    warm = WARM if args.warm is None else tuple(p.strip() for p in args.warm.split(",") if p.strip())
-    not_kept = [p for p in warm if not cacheable(p)]
-    if not_kept:
-        print(f"lens watch: --warm: not a collection the cache keeps: {', '.join(not_kept)}", file=sys.stderr)
+    try:
+        warm = (
+            WARM if args.warm is None else warm_paths([p.strip() for p in args.warm.split(",") if p.strip()])
+        )
+    except ValueError as exc:
+        print(f"lens watch: --warm: {exc}", file=sys.stderr)
         return 2
     first = load_registry(path)
     for error in first.errors:

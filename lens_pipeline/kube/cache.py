@@ -134,12 +134,9 @@ class WatchCache:
         warm: Sequence[str] = (),
         warm_at_once: int = WARM_AT_ONCE,
     ) -> None:
-        not_kept = [path for path in warm if not cacheable(path)]
-        if not_kept:
-            raise ValueError(f"the watch cache cannot keep {', '.join(not_kept)}")
         if warm_at_once < 1:
             raise ValueError("warm_at_once must be 1 or more")
-        self.warm = tuple(warm)
+        self.warm = warm_paths(warm)
         self.warm_at_once = warm_at_once
         self._to_warm: deque[tuple[str, ClusterConfig, str]] = deque()
         self._warming = False
@@ -442,6 +439,15 @@ class WatchCache:
         for key in [k for k, c in self._collections.items() if now - c.asked_at > self.idle_seconds]:
             self._collections.pop(key).stop.set()
             log.info("cluster %s: %s not asked for in %.0f s, no longer watched", *key, self.idle_seconds)
+
+
+def warm_paths(paths: Sequence[str]) -> tuple[str, ...]:
+    """`paths` as collections to keep from the start, or ValueError naming those the cache may not
+    keep (filtered, or Secrets and ConfigMaps: `cacheable`)."""
+    not_kept = [path for path in paths if not cacheable(path)]
+    if not_kept:
+        raise ValueError(f"the watch cache cannot keep {', '.join(not_kept)}")
+    return tuple(paths)
 
 
 def without_managed_fields(obj: Any) -> Any:
