@@ -140,7 +140,6 @@ class SimCluster:
         # Watches sleep until a change (or their next bookmark): a fleet's thousand watches polling
         # twenty times a second took the simulator's cores from everything else.
         self._changed = threading.Condition(threading.Lock())
-        self._changed_to = self._state.resource_version
         self._state.on_new_version = self._new_version
 
     def __repr__(self) -> str:
@@ -160,12 +159,11 @@ class SimCluster:
 
     def wait_for_change(self, after: int, timeout: float) -> bool:
         """Wait up to `timeout` seconds for a resourceVersion past `after`; whether there is one."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self._changed_to > after, max(0.0, timeout))
+        with self._changed:  # a version made after the check notifies only once this waits
+            return self._changed.wait_for(lambda: self._state.resource_version > after, max(0.0, timeout))
 
-    def _new_version(self, version: int) -> None:
+    def _new_version(self) -> None:
         with self._changed:
-            self._changed_to = version
             self._changed.notify_all()
 
     def node_names(self) -> list[str]:

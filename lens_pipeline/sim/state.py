@@ -96,8 +96,8 @@ class ClusterState:
         self.clock = clock
         self.stores = {kind.plural: ObjectStore(kind.plural) for kind in KINDS}
         self.resource_version = 0
-        # Told each new resourceVersion (the cluster wakes its watches with it); none while populated.
-        self.on_new_version: Callable[[int], None] | None = None
+        # Called at each new resourceVersion (the cluster wakes its watches); none while populated.
+        self.on_new_version: Callable[[], None] | None = None
         self.version = 0  # bumps on every change, including samples, to invalidate cached series
         self.raw: set[tuple[str, str]] = set()
         self.records: dict[str, dict[str, ObjectRecord]] = {kind.plural: {} for kind in KINDS}
@@ -242,7 +242,7 @@ class ClusterState:
         self.resource_version += 1
         self.version += 1
         if self.on_new_version is not None:
-            self.on_new_version(self.resource_version)
+            self.on_new_version()
         return str(self.resource_version)
 
     def changed(self) -> None:
