@@ -83,6 +83,14 @@ def _served_from_cache(reader: KubeReader, path: str) -> bool:
     return reader.stats.sources[path] == "watch cache"
 
 
+def _listed(watch_cache: WatchCache) -> set[tuple[str, str]]:
+    """The (cluster, path) of the collections the cache has listed (read from a copy taken under
+    its lock: the warmer adds to them meanwhile)."""
+    with watch_cache._lock:
+        collections = dict(watch_cache._collections)
+    return {key for key, c in collections.items() if c.reflector.status().synced_at is not None}
+
+
 def _lists_of(cluster: SimCluster, path: str) -> list[str]:
     """The API server's LISTs of `path` (first pages: a list's later pages and watches apart)."""
     return [
@@ -364,13 +372,7 @@ def test_nodes_and_pods_are_kept_from_the_start_and_when_a_cluster_joins(served)
     with _serving(served, warm=(NODES, PODS)) as (watch_cache, url):
 
         def kept(name: str) -> set[str]:
-            with watch_cache._lock:
-                collections = dict(watch_cache._collections)
-            return {
-                path
-                for (cluster_name, path), c in collections.items()
-                if cluster_name == name and c.reflector.status().synced_at is not None
-            }
+            return {path for cluster_name, path in _listed(watch_cache) if cluster_name == name}
 
         _until(lambda: kept(NAME) == {NODES, PODS})
         assert len(_lists_of(cluster, PODS)) == 1 and len(_lists_of(cluster, NODES)) == 1
@@ -470,12 +472,7 @@ def test_a_warm_list_stuck_on_a_cluster_whose_entry_changed_frees_its_place(serv
             other = ClusterConfig(name="other", server=server.base_url(NAME), token=cluster.token)
             watch_cache.set_clusters({"stuck": moved, "other": other})
 
-            def listed() -> set[str]:
-                with watch_cache._lock:
-                    collections = dict(watch_cache._collections)
-                return {name for (name, _), c in collections.items() if c.reflector.status().synced_at}
-
-            _until(lambda: listed() == {"stuck", "other"}, seconds=15)
+            _until(lambda: {name for name, _ in _listed(watch_cache)} == {"stuck", "other"}, seconds=15)
         finally:
             watch_cache.close()
 
