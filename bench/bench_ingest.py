@@ -60,6 +60,13 @@ def main() -> int:
         "--event-ids", action="store_true", help="events carry an event_id (agents of the batch method)"
     )
     parser.add_argument("--workers", type=int, default=1, help="`lens ingest --workers N`")
+    parser.add_argument(
+        "--floor",
+        choices=("transport", "parse"),
+        default=None,
+        help="run bench/ingest_floor.py in place of lens ingest: the gRPC transport, the event loop and "
+        "the acks only (transport), and also each event's decode (parse); nothing is stored",
+    )
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds not counted at the start")
     parser.add_argument("--client", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
@@ -71,20 +78,21 @@ def main() -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    database_url, cleanup = _fresh_database(args.database_url)
+    database_url, cleanup = _fresh_database(None if args.floor else args.database_url)
     grpc_port, http_port = _free_port(), _free_port()
     lens = Path(sys.executable).with_name("lens")
     load_before = os.getloadavg()[0]
     server_output = tempfile.TemporaryFile()  # noqa: SIM115 - closed after the server stops
-    server = subprocess.Popen(
-        [
+    if args.floor:
+        command = [sys.executable, str(ROOT / "bench" / "ingest_floor.py"), "--port", str(grpc_port)]
+        command += ["--workers", str(args.workers)] + (["--parse"] if args.floor == "parse" else [])
+    else:
+        command = [
             *(str(lens), "ingest", "--database-url", database_url, "--host", "127.0.0.1"),
             *("--grpc-port", str(grpc_port), "--http-port", str(http_port), "--default-cluster", "bench"),
             *("--workers", str(args.workers)),
-        ],
-        stdout=server_output,
-        stderr=subprocess.STDOUT,
-    )
+        ]
+    server = subprocess.Popen(command, stdout=server_output, stderr=subprocess.STDOUT)
     try:
         _wait_healthy(grpc_port, server_output, args.workers)
         server_cpu0, machine_busy0 = process_cpu_seconds(server.pid), machine_busy_seconds()
@@ -110,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
         server_cpu = process_cpu_seconds(server.pid) - server_cpu0
         machine_busy = machine_busy_seconds() - machine_busy0
         database_cpu, span = postgres_cpu_seconds() - database_cpu0, time.monotonic() - began
-        logged, segments = _count_log(database_url)
+        logged, segments = _count_log(database_url) if not args.floor else (0, 0)
     finally:
         server.terminate()
         server.wait(60)
@@ -128,6 +136,8 @@ def _run(args: argparse.Namespace) -> int:
         )
 
     dialect = "PostgreSQL" if database_url.startswith("postgresql") else "SQLite"
+    if args.floor:
+        dialect = f"none: the floor ({args.floor}), bench/ingest_floor.py in place of lens ingest"
     print(
         f"database: {dialect}; mode: {args.mode}"
         + (f" ({args.batch} events/message)" if args.mode == "batch" else "")
@@ -141,8 +151,9 @@ def _run(args: argparse.Namespace) -> int:
         f"sustained: {measured / window:,.0f} events/s acknowledged over {window:.1f} s (after {args.warmup:g} s warm-up)"
     )
     print(f"send->ack latency: p50 {pct(0.50):.1f} ms, p99 {pct(0.99):.1f} ms, max {pct(1.0):.1f} ms")
-    print(f"acknowledged {acked:,} events; event log holds {logged:,} rows (must be >= acknowledged)")
-    print(f"log segments: {segments:,}, {logged / max(segments, 1):,.0f} events each on average")
+    if not args.floor:
+        print(f"acknowledged {acked:,} events; event log holds {logged:,} rows (must be >= acknowledged)")
+        print(f"log segments: {segments:,}, {logged / max(segments, 1):,.0f} events each on average")
     client_cpu = sum(r["cpu_seconds"] for r in reports)
     total = args.seconds + args.warmup
     print(f"CPU: server {server_cpu:.1f} s, clients {client_cpu:.1f} s over {total:.0f} s wall")
@@ -153,7 +164,7 @@ def _run(args: argparse.Namespace) -> int:
     per_event = server_cpu / acked * 1e6 if acked else float("nan")
     print(f"server CPU per acknowledged event: {per_event:.1f} µs ({args.workers} worker(s))")
     print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
-    return 0 if logged >= acked else 1
+    return 0 if args.floor or logged >= acked else 1
 
 
 async def _client(args: argparse.Namespace) -> dict:
