@@ -202,7 +202,8 @@ def main() -> int:
         help="`lens watch` between the runs and the API server: a first run while it is cold (it then "
         "starts keeping; into a SQLite database of its own), then, once it serves everything, a first run "
         "into the database and its no-change run; every bare read replays the cold run's requests; last, a "
-        "lens watch started afresh, timed until it serves the nodes and the pods it keeps from its start",
+        "lens watch started afresh, timed until it serves the nodes and the pods, and all it keeps from its "
+        "start (and whether that holds every collection the cold run listed)",
     )
     parser.add_argument(
         "--no-managed-fields",
@@ -243,24 +244,50 @@ def main() -> int:
             ("first run, watch cache warm", url),
             ("no-change run, watch cache warm", url),
         ]
-        ran = run(cluster, steps, args.assets, [s.pid for s in sims[:-1]], watch)
+        listed: set[str] = set()
+        ran = run(cluster, steps, args.assets, [s.pid for s in sims[:-1]], watch, listed)
         stop_simulators([sims.pop()])
-        warm_start(cluster["registry"])
+        warm_start(cluster["registry"], listed)
         return ran
     finally:
         stop_simulators(sims)
 
 
-def warm_start(registry: Path) -> None:
-    """A `lens watch` started afresh, as after a restart, keeping the nodes and the pods from its
-    start (its default): how soon it serves them, before any run asks."""
+def warm_start(registry: Path, listed: set[str]) -> None:
+    """A `lens watch` started afresh, as after a restart, keeping what it keeps from its start (its
+    default: the nodes, the pods and the owner kinds the cluster serves): how soon it serves the
+    nodes and the pods, and all of it, before any run asks; and which of the collections a run
+    lists (`listed`, the cold run's) it did not keep, which the first run after a restart finds cold."""
     started = time.monotonic()
     watch = start_watch_cache(registry)
     try:
-        served = wait_until_served(watch, started=started)
+        nodes_and_pods, everything, kept = None, None, set()
+        while everything is None and time.monotonic() - started < 600:
+            text = urllib.request.urlopen(f"{watch.url}/metrics", timeout=10).read().decode()  # type: ignore[attr-defined]
+            served = {
+                line.split('path="')[1].split('"')[0]: line.endswith(" 1")
+                for line in text.splitlines()
+                if line.startswith("lens_watch_cache_served{")
+            }
+            now = time.monotonic() - started
+            if nodes_and_pods is None and served.get("/api/v1/nodes") and served.get("/api/v1/pods"):
+                nodes_and_pods = now
+            if (
+                nodes_and_pods is not None
+                and "\nlens_watch_cache_warm_queued 0\n" in text
+                and all(served.values())
+            ):
+                everything, kept = now, set(served)
+            time.sleep(0.2)
+        if everything is None:
+            raise SystemExit("the fresh lens watch did not serve what it keeps from its start in time")
+        cold = sorted(listed - kept)
         print(
-            f"lens watch started afresh: it served the nodes and the pods {served:.1f} s after it was"
-            f" started (CPU {process_cpu_seconds(watch.pid):.2f} s, peak RSS {peak_rss_mib(watch.pid):.0f} MiB)"
+            f"lens watch started afresh: it served the nodes and the pods {nodes_and_pods:.1f} s after it was"
+            f" started, all {len(kept)} collections it keeps from its start {everything:.1f} s after"
+            f" (CPU {process_cpu_seconds(watch.pid):.2f} s, peak RSS {peak_rss_mib(watch.pid):.0f} MiB);"
+            f" of the {len(listed)} collections the cold run listed, "
+            + (f"not kept from its start: {', '.join(cold)}" if cold else "every one kept from its start")
         )
     finally:
         stop_simulators([watch])
@@ -297,7 +324,8 @@ def wait_until_served(watch: subprocess.Popen, timeout: float = 600, started: fl
     while time.monotonic() - started < timeout:
         text = urllib.request.urlopen(f"{watch.url}/metrics", timeout=10).read().decode()  # type: ignore[attr-defined]
         served = [line for line in text.splitlines() if line.startswith("lens_watch_cache_served{")]
-        if served and all(line.endswith(" 1") for line in served):
+        queued = "\nlens_watch_cache_warm_queued 0\n" in text  # nothing left to keep from the start
+        if served and queued and all(line.endswith(" 1") for line in served):
             return time.monotonic() - started
         time.sleep(0.5)
     raise SystemExit("the watch cache did not serve everything in time")
@@ -309,9 +337,11 @@ def run(
     asset_names: list[str],
     simulator_pids: list[int],
     watch: subprocess.Popen | None = None,
+    listed: set[str] | None = None,
 ) -> int:
     """Each (label, database URL) of `steps` collected once, in order; with `watch`, the first step
-    lists from the API server (the cache is cold), and the others wait until it serves everything."""
+    lists from the API server (the cache is cold), and the others wait until it serves everything.
+    `listed` is given the paths the cold run listed (whole collections, not Prometheus)."""
     from dagster import AssetKey, instance_for_test, materialize
 
     from lens_pipeline.defs import resources
@@ -384,6 +414,8 @@ def run(
             if watch is not None:  # the cold run's requests are the API server's whole read
                 cold_requests = cold_requests or made
                 made = cold_requests
+                if listed is not None:
+                    listed |= {p for p, q in made if "limit=" in q and "/prometheus/" not in p}
             kube_floor, prom_floor = bare_read(cluster, made)
             floor = kube_floor + prom_floor
             summary.append((label, wall, kube_floor, floor, peak))

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from lens_pipeline.clusters import ClusterConfig
-from lens_pipeline.kube.cache import WatchCache, WatchCacheServer
+from lens_pipeline.kube.cache import WARM, WatchCache, WatchCacheServer
 from lens_pipeline.kube.reader import KUBE_FIELDS, KubeError, KubeReader, cacheable
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer
 
@@ -405,6 +405,50 @@ def test_nodes_and_pods_are_kept_from_the_start_and_when_a_cluster_joins(served)
         WatchCache({}, warm=(PODS, "/api/v1/secrets"))
 
 
+def test_the_owner_kinds_are_kept_from_the_start_where_the_cluster_serves_them(served) -> None:
+    """The default `WARM`: the nodes, the pods and the owner kinds a run lists are kept before a run
+    asks; the kinds the cluster does not serve (no such CRD: 404) are let go, counted, and neither a
+    failure nor a collection not served on /metrics (no alert)."""
+    cluster, _server = served
+    direct = _reader(served, None)
+    served_paths, absent = set(), set()
+    for path in WARM:
+        try:
+            direct.list(path, _versions)
+            served_paths.add(path)
+        except KubeError as exc:
+            assert exc.status == 404, exc
+            absent.add(path)
+    # The simulated cluster serves some owner kinds and not others: both cases are exercised.
+    assert {NODES, PODS, "/apis/apps/v1/replicasets", "/apis/batch/v1/jobs"} <= served_paths
+    assert "/apis/jobset.x-k8s.io/v1alpha2/jobsets" in absent
+
+    with _serving(served, warm=WARM) as (watch_cache, url):
+        _until(
+            lambda: (
+                watch_cache.not_served == len(absent)
+                and _listed(watch_cache) >= {(NAME, p) for p in served_paths}
+            )
+        )
+        with watch_cache._lock:
+            assert set(watch_cache._collections) == {(NAME, path) for path in served_paths}
+            assert not watch_cache._to_warm
+        assert all(c.reflector.stats.failures == 0 for c in watch_cache._collections.values())
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+        served_lines = [line for line in metrics.splitlines() if line.startswith("lens_watch_cache_served{")]
+        assert len(served_lines) == len(served_paths) and all(line.endswith(" 1") for line in served_lines)
+        assert f"lens_watch_cache_not_served_total {len(absent)}" in metrics
+        assert "lens_watch_cache_warm_queued 0" in metrics
+
+        # A run's owner kinds come from the cache, no request to the API server for them.
+        cluster.request_log.reset()
+        run = _reader(served, url)
+        for path in ("/apis/apps/v1/replicasets", "/apis/batch/v1/jobs"):
+            assert run.list(path, _versions) == direct.list(path, _versions)
+            assert run.stats.sources[path] == "watch cache"
+        assert run.stats.requests == 0
+
+
 def test_the_collections_kept_from_the_start_are_listed_a_few_at_a_time(served) -> None:
     """A fleet's first lists do not all start at once (each would hold a parsed page): at most
     `warm_at_once` are under way; a run's ask is not queued behind them."""
@@ -468,6 +512,7 @@ def test_a_warm_list_stuck_on_a_cluster_whose_entry_changed_frees_its_place(serv
         watch_cache = WatchCache({"stuck": stuck}, warm=(NODES,), warm_at_once=1, watch_seconds=2)
         try:
             _until(lambda: ("stuck", NODES) in watch_cache._collections)
+            hung = watch_cache._collections[("stuck", NODES)].thread
             moved = ClusterConfig(name="stuck", server=server.base_url(NAME), token=cluster.token)
             other = ClusterConfig(name="other", server=server.base_url(NAME), token=cluster.token)
             watch_cache.set_clusters({"stuck": moved, "other": other})
@@ -475,6 +520,9 @@ def test_a_warm_list_stuck_on_a_cluster_whose_entry_changed_frees_its_place(serv
             _until(lambda: {name for name, _ in _listed(watch_cache)} == {"stuck", "other"}, seconds=15)
         finally:
             watch_cache.close()
+    # The silent server gone, the hung list fails and its thread ends (not left to later tests).
+    hung.join(timeout=30)
+    assert not hung.is_alive()
 
 
 def test_an_edit_of_a_clusters_prometheus_or_exporters_alone_keeps_what_the_cache_holds(

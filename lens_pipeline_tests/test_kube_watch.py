@@ -117,6 +117,47 @@ def test_a_failing_api_server_is_said_and_the_reflector_comes_back(served) -> No
         _until(lambda: reflector.snapshot().error == "")
 
 
+def test_a_kind_kept_on_a_guess_that_the_cluster_does_not_serve_is_let_go(served) -> None:
+    """`absent_ok` (lens watch's collections kept from the start): a first list answered 404 (no
+    such CRD) ends the reflector, `absent`, no failure counted; without it, a failure tried again."""
+    cluster, server = served
+    quick = Backoff(first=0.05, factor=1.0, cap=0.05)
+    path = "/apis/jobset.x-k8s.io/v1alpha2/jobsets"
+    reader = _reader(cluster, server)
+    reader.max_retries = 0
+    guess = Reflector(reader, path, _versions, watch_seconds=1, backoff=quick, absent_ok=True)
+    running = Running(guess)
+    with running:
+        running.thread.join(timeout=10)
+        assert not running.thread.is_alive()  # ended by itself
+    assert guess.absent and not guess.listing and guess.stats.failures == 0 and guess.stats.lists == 0
+
+    # Credentials that may not list it (403): let go the same way.
+    cluster.set_fault("kube", 403)
+    try:
+        forbidden = Reflector(
+            _reader(cluster, server), "/api/v1/nodes", _versions, backoff=quick, absent_ok=True
+        )
+        forbidden.reader.max_retries = 0
+        forbidden.run(threading.Event())  # returns by itself
+        assert forbidden.absent and forbidden.stats.failures == 0
+    finally:
+        cluster.set_fault("kube")
+
+    asked = Reflector(_reader(cluster, server), path, _versions, watch_seconds=1, backoff=quick)
+    with Running(asked):
+        _until(lambda: asked.stats.failures >= 2)  # a run asked for it: a failure, tried again
+        assert not asked.absent and "404" in asked.snapshot().error
+
+    # A kind it serves is kept as always.
+    served_kind = Reflector(
+        _reader(cluster, server), "/api/v1/nodes", _versions, watch_seconds=1, absent_ok=True
+    )
+    with Running(served_kind):
+        _until(lambda: served_kind.snapshot().synced_at is not None)
+        assert not served_kind.absent and served_kind.snapshot().items
+
+
 def test_after_the_api_server_was_unreachable_the_reflector_lists_again(served) -> None:
     """A reader that met an unreachable API server refuses further requests at once (a run's
     reader does not wait out the same timeouts twice); the reflector's tries again for real."""

@@ -1,10 +1,12 @@
 """deploy/monitored-cluster/ grants what the collectors read, and only reads: a LIST and a WATCH of every path
 `lens doctor` checks (the collectors' own LISTs), of every owner kind a GPU pod can have (the
-simulator's kinds, which mirror the real CRDs), and a GET of the one JuiceFS Secret, nothing more."""
+simulator's kinds, which mirror the real CRDs) and of those lens watch keeps from its start, and a
+GET of the one JuiceFS Secret, nothing more."""
 
 from __future__ import annotations
 
 from lens_pipeline.doctor import LISTED
+from lens_pipeline.kube.cache import WARM
 from lens_pipeline.sim.kinds import KINDS
 from lens_pipeline_tests.test_deploy import DEPLOY, rendered
 
@@ -36,6 +38,11 @@ def test_the_cluster_role_lets_the_collectors_list_what_they_read_and_nothing_el
         if not {(k.group, k.plural, "list"), (k.group, k.plural, "watch")} <= granted
     ]
     assert missing == []
+    # What lens watch keeps of every cluster from its start (a kind it may not list would be let go).
+    for path in WARM:
+        parts = path.strip("/").split("/")  # api/v1/<plural> or apis/<group>/<version>/<plural>
+        group = "" if parts[0] == "api" else parts[1]
+        assert {(group, parts[-1], "list"), (group, parts[-1], "watch")} <= granted, path
     assert not [g for g in granted if g[1] == "secrets"], "Secrets only through the namespaced Role"
     (binding,) = [d for d in documents if d["kind"] == "ClusterRoleBinding"]
     (account,) = [d for d in documents if d["kind"] == "ServiceAccount"]

@@ -28,6 +28,7 @@ import yaml
 from dagster import instance_for_test
 
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.kube.cache import WARM
 from lens_pipeline.sim.agent_feed import feed_forever
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.event_log import quarantine
@@ -253,7 +254,7 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
                 _start([*watch, "--metrics-port", str(watch_metrics)], env, tmp_path / "watch.log")
             )
             _wait_http(processes[-1], f"http://127.0.0.1:{watch_metrics}/healthz", tmp_path / "watch.log")
-            # It keeps every cluster's nodes and pods from the start, before a run asks: served soon.
+            # It keeps every cluster's nodes, pods and owner kinds from the start, before a run asks.
             nodes_url = f"http://127.0.0.1:{watch_port}/clusters/{cluster}/api/v1/nodes"
             deadline = time.monotonic() + 30
             while _get(nodes_url) != 200:
@@ -330,11 +331,15 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
             assert 0 <= float(ratio["value"][1]) <= 1
             (lag,) = _query(base, f'lens:container_events_lag_seconds:max{{cluster="{cluster}"}}')
             assert float(lag["value"][1]) > 0  # no container_events run applies them here
-            served = _query(base, f'lens:watch_cache_served:min{{cluster="{cluster}"}}')
-            assert {s["metric"]["path"]: s["value"][1] for s in served} == {
-                "/api/v1/nodes": "1",
-                "/api/v1/pods": "1",
+            # lens watch keeps the nodes, the pods and the owner kinds the cluster serves (those it
+            # does not serve are let go, not reported unserved), all served.
+            served = {
+                s["metric"]["path"]: s["value"][1]
+                for s in _query(base, f'lens:watch_cache_served:min{{cluster="{cluster}"}}')
             }
+            assert set(served.values()) == {"1"} and set(served) <= set(WARM), served
+            assert {"/api/v1/nodes", "/api/v1/pods", "/apis/apps/v1/replicasets"} <= set(served)
+            assert "/apis/jobset.x-k8s.io/v1alpha2/jobsets" not in served
             # The objects are served on their own port only.
             assert _get(f"http://127.0.0.1:{watch_metrics}/clusters/{cluster}/api/v1/nodes") == 404
         finally:

@@ -6,9 +6,12 @@ whole cluster every minute to learn what changed. `lens watch` lists each collec
 watches it (`Reflector`): the API server sends only the changes. The runs ask the cache first
 (`KubeReader(cache_url=...)`) and the API server when the cache cannot answer.
 
-- Every cluster's nodes and pods (`WARM`: what every run lists, and the largest) are kept from the
-  start, and from when a cluster joins the registry or its entry changes: a restarted `lens watch`
-  lists them before the next runs come, not when they ask.
+- Every cluster's nodes, pods and storage classes (what every run lists; the pods the largest) and
+  the owner kinds GPU pods commonly belong to (`WARM`) are kept from the start, and from when a
+  cluster joins the registry or its entry changes: a restarted `lens watch` lists them before the
+  next runs come, not when they ask. An owner kind the cluster does not serve (no such CRD: its
+  list answers 404), or that the cluster's credentials may not list (403), is let go without a
+  failure.
 - Any other collection is kept from the first time a run asks for it: the cache starts listing and
   watching it, and serves that run the pages of its list as they arrive (`Reflector.arriving`), so
   that the API server is listed once, not by the run and the cache side by side. Each page is
@@ -80,9 +83,31 @@ PAGES_SECONDS = 300.0
 # What is kept of each object of a collection, as served (JSON); the others are kept whole but for
 # their managedFields (`without_managed_fields`).
 CUT: dict[str, Callable[[Any], Any]] = {"/api/v1/pods": slim_pod}
-# What `lens watch` keeps of every cluster from the start: what every collection run lists, and the
-# largest collections. The owner kinds depend on the cluster (its CRDs): kept when first asked for.
-WARM = ("/api/v1/nodes", "/api/v1/pods")
+# The kinds GPU pods commonly belong to, up their owner chains (Deployments' ReplicaSets, Jobs and
+# CronJobs, StatefulSets (also LeaderWorkerSets' groups), the Kubeflow training operator's jobs, the
+# MPI operator's v2 MPIJob, KubeRay, JobSet, LeaderWorkerSet, Volcano, SaFE): a cluster serves those
+# of its CRDs, and a run lists each one its GPU pods' chains reach. Any other is kept when first asked.
+WARM_OWNERS = (
+    "/apis/apps/v1/replicasets",
+    "/apis/apps/v1/deployments",
+    "/apis/apps/v1/statefulsets",
+    "/apis/batch/v1/jobs",
+    "/apis/batch/v1/cronjobs",
+    "/apis/kubeflow.org/v1/pytorchjobs",
+    "/apis/kubeflow.org/v1/mpijobs",
+    "/apis/kubeflow.org/v1/tfjobs",
+    "/apis/kubeflow.org/v2beta1/mpijobs",
+    "/apis/ray.io/v1/rayclusters",
+    "/apis/ray.io/v1/rayjobs",
+    "/apis/jobset.x-k8s.io/v1alpha2/jobsets",
+    "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets",
+    "/apis/batch.volcano.sh/v1alpha1/jobs",
+    "/apis/amd.com/v1/workloads",
+)
+# What `lens watch` keeps of every cluster from the start: what every collection run lists (the
+# nodes and the pods, the largest collections; the storage classes) and the owner kinds its runs
+# are likely to list.
+WARM = ("/api/v1/nodes", "/api/v1/pods", "/apis/storage.k8s.io/v1/storageclasses", *WARM_OWNERS)
 # At most this many of them are listed at once (at the start, when clusters join): a fleet's first
 # lists all at once would each hold a parsed page, for no sooner an end on the same CPU.
 WARM_AT_ONCE = 4
@@ -145,6 +170,7 @@ class WatchCache:
         self.max_wait_seconds = max_wait_seconds
         self._tokens = [token for token in tokens if token]
         self.refused = 0
+        self.not_served = 0  # collections kept from the start that their cluster does not serve (404, 403)
         self._registry = registry
         self._registry_read_at = 0.0
         self.watch_seconds = watch_seconds
@@ -209,8 +235,12 @@ class WatchCache:
             if entry and entry_digest(config) != entry:
                 return _status(503, "the registry changed meanwhile", "ServiceUnavailable")
             collection = self._collections.get((cluster, path))
-            if collection is not None and not same_kube_entry(collection.config, config):
-                self._collections.pop((cluster, path)).stop.set()  # kept with an older entry
+            if collection is not None and (
+                not same_kube_entry(collection.config, config) or collection.reflector.absent
+            ):
+                # Kept with an older entry; or kept from the start, and its list found the kind not
+                # served (the run's discovery says it is now: a CRD installed meanwhile).
+                self._collections.pop((cluster, path)).stop.set()
                 collection = None
             created = collection is None
             if collection is None:
@@ -297,6 +327,7 @@ class WatchCache:
         now = self._clock()
         with self._lock:
             collections = list(self._collections.items())
+            queued = len(self._to_warm)
         lines = [
             "# HELP lens_watch_cache_served Whether the collection is served (1) or answers 503 (0).",
             "# TYPE lens_watch_cache_served gauge",
@@ -313,8 +344,17 @@ class WatchCache:
             "# HELP lens_watch_cache_unauthorized_total Requests for objects refused: no or a wrong bearer token.",
             "# TYPE lens_watch_cache_unauthorized_total counter",
             f"lens_watch_cache_unauthorized_total {self.refused}",
+            "# HELP lens_watch_cache_warm_queued Collections to keep from the start not yet being listed.",
+            "# TYPE lens_watch_cache_warm_queued gauge",
+            f"lens_watch_cache_warm_queued {queued}",
+            "# HELP lens_watch_cache_not_served_total Collections kept from the start that their cluster "
+            "does not serve (404: no such kind there) or lets us not list (403), let go.",
+            "# TYPE lens_watch_cache_not_served_total counter",
+            f"lens_watch_cache_not_served_total {self.not_served}",
         ]
         for (cluster, path), collection in sorted(collections, key=lambda item: item[0]):
+            if collection.reflector.absent:  # not served by its cluster: about to be let go
+                continue
             kept = collection.reflector.status()
             stats = collection.reflector.stats
             labels = f'cluster="{cluster}",path="{path}"'
@@ -391,8 +431,15 @@ class WatchCache:
         while True:
             with self._lock:  # no longer kept (the registry changed): its list will not end
                 in_flight = {key: c for key, c in in_flight.items() if self._collections.get(key) is c}
-            in_flight = {key: c for key, c in in_flight.items() if c.reflector.listing}
+            ended = [key for key, c in in_flight.items() if not c.reflector.listing]
             with self._lock:
+                for key in ended:
+                    collection = in_flight.pop(key)
+                    # A kind the cluster does not serve (`absent` is set before the list is seen
+                    # ended): nothing to keep, unless a run has asked for it since.
+                    if collection.reflector.absent and self._collections.get(key) is collection:
+                        del self._collections[key]
+                        self.not_served += 1
                 while self._to_warm and len(in_flight) < self.warm_at_once and not self._closed.is_set():
                     name, config, path = self._to_warm.popleft()
                     if (
@@ -400,7 +447,7 @@ class WatchCache:
                         or (name, path) in self._collections
                     ):
                         continue  # gone, or changed (queued again with its new entry), or asked for
-                    in_flight[(name, path)] = self._keep(config, path, self._clock())
+                    in_flight[(name, path)] = self._keep(config, path, self._clock(), warm=True)
                 if self._closed.is_set() or not (self._to_warm or in_flight):
                     return
             self._closed.wait(0.2)
@@ -415,13 +462,17 @@ class WatchCache:
         for collection in collections:
             collection.stop.set()
 
-    def _keep(self, config: ClusterConfig, path: str, now: float) -> _Collection:
+    def _keep(self, config: ClusterConfig, path: str, now: float, *, warm: bool = False) -> _Collection:
+        """Start keeping `path` of the cluster. `warm`: kept from the start (`warm`), not asked for
+        by a run: a kind the cluster does not serve is let go (`Reflector.absent`)."""
         cut = CUT.get(path, without_managed_fields)
 
         def keep(obj: Any) -> bytes:
             return orjson.dumps(cut(obj))
 
-        reflector = Reflector(self._reader(config), path, keep, watch_seconds=self.watch_seconds)
+        reflector = Reflector(
+            self._reader(config), path, keep, watch_seconds=self.watch_seconds, absent_ok=warm
+        )
         stop = threading.Event()
         thread = threading.Thread(
             target=reflector.run, args=(stop,), name=f"lens-watch {config.name}{path}", daemon=True

@@ -104,8 +104,15 @@ class Reflector(Generic[T]):
         watch_seconds: int = WATCH_SECONDS,
         backoff: Backoff = WATCH_RETRY,
         clock: Callable[[], float] = time.time,
+        absent_ok: bool = False,
     ) -> None:
+        """`absent_ok`: a collection kept on a guess (`lens watch --warm`): if its first list
+        answers 404 (the cluster does not serve that kind: no such CRD) or 403 (its credentials may
+        not list it), `run` ends and `absent` says so, rather than trying again and counting
+        failures."""
         self.reader, self.path, self.project = reader, path, project
+        self.absent_ok = absent_ok
+        self.absent = False
         self.watch_seconds = watch_seconds
         self.backoff = backoff
         self.stats = ReflectorStats()
@@ -187,6 +194,9 @@ class Reflector(Generic[T]):
                     stop.wait(self.backoff.delay(1))
                 continue
             except KubeError as exc:
+                if self.absent:
+                    log.info("%s: kept on a guess, let go: %s", self.reader.cluster.name, exc)
+                    return
                 gone = exc.status == 410 or _too_large(exc)
                 if gone and not listing:
                     self.stats.expired += 1
@@ -217,6 +227,13 @@ class Reflector(Generic[T]):
             with self._lock:  # who waits for the list learns why it failed, not only that it ended
                 self._listing = False
                 self._error = str(exc) or type(exc).__name__
+                # Set with the end of the list, under the lock: who sees it ended sees this too.
+                self.absent = (
+                    self.absent_ok
+                    and self._synced_at is None
+                    and isinstance(exc, KubeError)
+                    and exc.status in (403, 404)
+                )
                 if self._arriving is not None:
                     self._arriving.failed = self._error
                     self._arriving = None
