@@ -76,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         "--warm",
         metavar="PATHS",
         help="comma-separated collections kept of every cluster from the start, before a run asks;"
-        " one its cluster does not serve (404) is let go (default: the nodes, the pods and the owner"
-        " kinds GPU pods commonly belong to, kube/cache.py WARM; '' for none: each is kept when a run"
-        " first asks)",
+        " but for the nodes, pods and storage classes, one its cluster does not serve (404) or lets"
+        " us not list (403) is let go (default: those three and the owner kinds GPU pods commonly"
+        " belong to, kube/cache.py WARM; '' for none: each is kept when a run first asks)",
     )
 
     ingest = commands.add_parser("ingest", help="the container-event sidecar (gRPC + HTTP) for node agents")

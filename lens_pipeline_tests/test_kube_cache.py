@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from lens_pipeline.clusters import ClusterConfig
-from lens_pipeline.kube.cache import WARM, WatchCache, WatchCacheServer
+from lens_pipeline.kube.cache import EVERY_RUN, WARM, WARM_OWNERS, WatchCache, WatchCacheServer
 from lens_pipeline.kube.reader import KUBE_FIELDS, KubeError, KubeReader, cacheable
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer
 
@@ -447,6 +447,42 @@ def test_the_owner_kinds_are_kept_from_the_start_where_the_cluster_serves_them(s
             assert run.list(path, _versions) == direct.list(path, _versions)
             assert run.stats.sources[path] == "watch cache"
         assert run.stats.requests == 0
+
+
+def test_what_every_run_lists_is_never_let_go_and_a_guess_is_let_go_whenever_its_list_says_so(
+    served,
+) -> None:
+    """Credentials that may list nothing (403), after the API server first failed (500): the owner
+    kinds kept on a guess are let go once their list answers 403, even after failed tries; the
+    nodes, the pods and the storage classes are failures, reported not served, and served once the
+    API server answers again."""
+    cluster, _server = served
+    cluster.set_fault("kube", 500)
+    try:
+        with _serving(served, warm=WARM, reader=lambda config: KubeReader(config, max_retries=0)) as (
+            watch_cache,
+            url,
+        ):
+
+            def failing() -> int:
+                with watch_cache._lock:
+                    collections = list(watch_cache._collections.values())
+                return sum(c.reflector.stats.failures > 0 for c in collections)
+
+            _until(lambda: failing() == len(WARM))  # every one tried, and failed (not a guess's 404)
+            assert watch_cache.not_served == 0
+            cluster.set_fault("kube", 403)
+            _until(lambda: watch_cache.not_served == len(WARM_OWNERS))
+            with watch_cache._lock:
+                assert set(watch_cache._collections) == {(NAME, path) for path in EVERY_RUN}
+            metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+            assert sorted(
+                m for m in metrics.splitlines() if m.startswith("lens_watch_cache_served{")
+            ) == sorted(f'lens_watch_cache_served{{cluster="{NAME}",path="{path}"}} 0' for path in EVERY_RUN)
+            cluster.set_fault("kube")
+            _until(lambda: _listed(watch_cache) == {(NAME, path) for path in EVERY_RUN})
+    finally:
+        cluster.set_fault("kube")
 
 
 def test_the_collections_kept_from_the_start_are_listed_a_few_at_a_time(served) -> None:

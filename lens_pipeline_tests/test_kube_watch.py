@@ -139,7 +139,10 @@ def test_a_kind_kept_on_a_guess_that_the_cluster_does_not_serve_is_let_go(served
             _reader(cluster, server), "/api/v1/nodes", _versions, backoff=quick, absent_ok=True
         )
         forbidden.reader.max_retries = 0
-        forbidden.run(threading.Event())  # returns by itself
+        running = Running(forbidden)
+        with running:
+            running.thread.join(timeout=10)
+            assert not running.thread.is_alive()  # ended by itself
         assert forbidden.absent and forbidden.stats.failures == 0
     finally:
         cluster.set_fault("kube")

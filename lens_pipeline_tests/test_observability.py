@@ -168,6 +168,17 @@ def _query(base: str, expression: str) -> list[Any]:
     return answer["data"]["result"]
 
 
+def _all_kept(metrics_port: int) -> bool:
+    """Whether lens watch has listed all it keeps from its start, and serves every collection."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        lines = response.read().decode().splitlines()
+    served = [line for line in lines if line.startswith("lens_watch_cache_served{")]
+    return (
+        "lens_watch_cache_warm_queued 0" in lines and bool(served) and all(s.endswith(" 1") for s in served)
+    )
+
+
 def _get(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
@@ -257,7 +268,7 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
             # It keeps every cluster's nodes, pods and owner kinds from the start, before a run asks.
             nodes_url = f"http://127.0.0.1:{watch_port}/clusters/{cluster}/api/v1/nodes"
             deadline = time.monotonic() + 30
-            while _get(nodes_url) != 200:
+            while _get(nodes_url) != 200 or not _all_kept(watch_metrics):
                 assert time.monotonic() < deadline, (tmp_path / "watch.log").read_text()[-2000:]
                 time.sleep(0.2)
             feeder = threading.Thread(

@@ -104,10 +104,12 @@ WARM_OWNERS = (
     "/apis/batch.volcano.sh/v1alpha1/jobs",
     "/apis/amd.com/v1/workloads",
 )
-# What `lens watch` keeps of every cluster from the start: what every collection run lists (the
-# nodes and the pods, the largest collections; the storage classes) and the owner kinds its runs
-# are likely to list.
-WARM = ("/api/v1/nodes", "/api/v1/pods", "/apis/storage.k8s.io/v1/storageclasses", *WARM_OWNERS)
+# What every collection run lists of every cluster (the pods the largest collection): kept from the
+# start, and a failure to list them is one (not a guess let go).
+EVERY_RUN = ("/api/v1/nodes", "/api/v1/pods", "/apis/storage.k8s.io/v1/storageclasses")
+# What `lens watch` keeps of every cluster from the start: what every run lists, and the owner kinds
+# its runs are likely to list (any other path of `--warm` is such a guess too).
+WARM = (*EVERY_RUN, *WARM_OWNERS)
 # At most this many of them are listed at once (at the start, when clusters join): a fleet's first
 # lists all at once would each hold a parsed page, for no sooner an end on the same CPU.
 WARM_AT_ONCE = 4
@@ -412,7 +414,8 @@ class WatchCache:
         `warm_at_once` at a time by a thread of their own; one a run asks for meanwhile is kept at
         once, as always. Once kept, they are let go like any other when no run asks for them in
         `idle_seconds`."""
-        self._to_warm.extend((name, config, path) for name, config in clusters.items() for path in self.warm)
+        # Path by path: every cluster's nodes and pods before any cluster's owner kinds.
+        self._to_warm.extend((name, config, path) for path in self.warm for name, config in clusters.items())
         if self._to_warm and not self._warming:
             self._warming = True
             threading.Thread(target=self._warmer, name="lens-watch-warm", daemon=True).start()
@@ -422,7 +425,6 @@ class WatchCache:
             self._warm_queued()
         except Exception:  # said, and the next cluster to join starts another warmer
             log.exception("keeping the collections of the registry from the start failed")
-        finally:
             with self._lock:
                 self._warming = False
 
@@ -431,15 +433,8 @@ class WatchCache:
         while True:
             with self._lock:  # no longer kept (the registry changed): its list will not end
                 in_flight = {key: c for key, c in in_flight.items() if self._collections.get(key) is c}
-            ended = [key for key, c in in_flight.items() if not c.reflector.listing]
+            in_flight = {key: c for key, c in in_flight.items() if c.reflector.listing}
             with self._lock:
-                for key in ended:
-                    collection = in_flight.pop(key)
-                    # A kind the cluster does not serve (`absent` is set before the list is seen
-                    # ended): nothing to keep, unless a run has asked for it since.
-                    if collection.reflector.absent and self._collections.get(key) is collection:
-                        del self._collections[key]
-                        self.not_served += 1
                 while self._to_warm and len(in_flight) < self.warm_at_once and not self._closed.is_set():
                     name, config, path = self._to_warm.popleft()
                     if (
@@ -449,6 +444,8 @@ class WatchCache:
                         continue  # gone, or changed (queued again with its new entry), or asked for
                     in_flight[(name, path)] = self._keep(config, path, self._clock(), warm=True)
                 if self._closed.is_set() or not (self._to_warm or in_flight):
+                    # Decided with the lock held: work queued after this starts another warmer.
+                    self._warming = False
                     return
             self._closed.wait(0.2)
 
@@ -463,15 +460,20 @@ class WatchCache:
             collection.stop.set()
 
     def _keep(self, config: ClusterConfig, path: str, now: float, *, warm: bool = False) -> _Collection:
-        """Start keeping `path` of the cluster. `warm`: kept from the start (`warm`), not asked for
-        by a run: a kind the cluster does not serve is let go (`Reflector.absent`)."""
+        """Start keeping `path` of the cluster. `warm`: kept from the start, not asked for by a run:
+        but for what every run lists, a kind the cluster does not serve or lets us not list is
+        let go (`Reflector.absent`: `_let_go`)."""
         cut = CUT.get(path, without_managed_fields)
 
         def keep(obj: Any) -> bytes:
             return orjson.dumps(cut(obj))
 
         reflector = Reflector(
-            self._reader(config), path, keep, watch_seconds=self.watch_seconds, absent_ok=warm
+            self._reader(config),
+            path,
+            keep,
+            watch_seconds=self.watch_seconds,
+            absent_ok=warm and path not in EVERY_RUN,
         )
         stop = threading.Event()
         thread = threading.Thread(
@@ -480,9 +482,18 @@ class WatchCache:
         collection = self._collections[(config.name, path)] = _Collection(
             config, reflector, stop, thread, now
         )
+        reflector.on_absent = lambda: self._let_go((config.name, path), collection)
         thread.start()
         log.info("cluster %s: keeping %s by list and watch", config.name, path)
         return collection
+
+    def _let_go(self, key: tuple[str, str], collection: _Collection) -> None:
+        """A collection kept on a guess that its cluster does not serve (its reflector's thread,
+        as it ends): nothing to keep, unless a run has asked for it since (then replaced)."""
+        with self._lock:
+            if self._collections.get(key) is collection:
+                del self._collections[key]
+                self.not_served += 1
 
     def _prune(self, now: float) -> None:
         for pages_id in [k for k, pages in self._pages.items() if now - pages.taken_at > PAGES_SECONDS]:

@@ -113,6 +113,7 @@ class Reflector(Generic[T]):
         self.reader, self.path, self.project = reader, path, project
         self.absent_ok = absent_ok
         self.absent = False
+        self.on_absent: Callable[[], None] | None = None  # called as `run` ends for `absent`
         self.watch_seconds = watch_seconds
         self.backoff = backoff
         self.stats = ReflectorStats()
@@ -196,6 +197,8 @@ class Reflector(Generic[T]):
             except KubeError as exc:
                 if self.absent:
                     log.info("%s: kept on a guess, let go: %s", self.reader.cluster.name, exc)
+                    if self.on_absent is not None:
+                        self.on_absent()
                     return
                 gone = exc.status == 410 or _too_large(exc)
                 if gone and not listing:
