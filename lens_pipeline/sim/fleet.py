@@ -137,9 +137,12 @@ class SimCluster:
                 gc.enable()
         self.history = ClusterHistory() if history else None
         self._record()
-        # Watches sleep until a change (or their next bookmark): a fleet's thousand watches polling
-        # twenty times a second took the simulator's cores from everything else.
-        self._changed = threading.Condition(threading.Lock())
+        # Watches sleep until a change of their resource (or their next bookmark): a fleet's
+        # thousand watches polling twenty times a second took the simulator's cores from everything
+        # else, and so did waking a cluster's every watch (a dozen kinds) at each change of one.
+        self._changed: dict[str | None, threading.Condition] = {
+            resource: threading.Condition(threading.Lock()) for resource in (None, *self._state.stores)
+        }
         self._state.on_new_version = self._new_version
 
     def __repr__(self) -> str:
@@ -157,14 +160,17 @@ class SimCluster:
     def resource_version(self) -> int:
         return self._state.resource_version
 
-    def wait_for_change(self, after: int, timeout: float) -> bool:
-        """Wait up to `timeout` seconds for a resourceVersion past `after`; whether there is one."""
-        with self._changed:  # a version made after the check notifies only once this waits
-            return self._changed.wait_for(lambda: self._state.resource_version > after, max(0.0, timeout))
+    def wait_for_change(self, after: int, timeout: float, resource: str | None = None) -> bool:
+        """Wait up to `timeout` seconds for a resourceVersion past `after` (taken by a change of
+        `resource`, a plural, when given; of anything otherwise); whether the cluster's is past it."""
+        changed = self._changed[resource]
+        with changed:  # a version made after the check notifies only once this waits
+            return changed.wait_for(lambda: self._state.resource_version > after, max(0.0, timeout))
 
-    def _new_version(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
+    def _new_version(self, resource: str) -> None:
+        for key in (resource, None):
+            with self._changed[key]:
+                self._changed[key].notify_all()
 
     def node_names(self) -> list[str]:
         """Names of the simulated GPU nodes, sorted."""

@@ -473,7 +473,7 @@ class _Watch:
             wake = min(deadline, clock() + WATCH_IDLE_SECONDS)
             if bookmarks:
                 wake = min(wake, quiet_since + BOOKMARK_SECONDS)
-            self.cluster.wait_for_change(current, wake - clock())
+            self.cluster.wait_for_change(current, wake - clock(), self.kind.plural)
 
     def _matches(self, key: str, raw: bytes) -> bool:
         if not key.startswith(self.prefix):

@@ -96,8 +96,9 @@ class ClusterState:
         self.clock = clock
         self.stores = {kind.plural: ObjectStore(kind.plural) for kind in KINDS}
         self.resource_version = 0
-        # Called at each new resourceVersion (the cluster wakes its watches); none while populated.
-        self.on_new_version: Callable[[], None] | None = None
+        # Called at each new resourceVersion with the resource it is of (the cluster wakes the
+        # watches of that resource); none while populated.
+        self.on_new_version: Callable[[str], None] | None = None
         self.version = 0  # bumps on every change, including samples, to invalidate cached series
         self.raw: set[tuple[str, str]] = set()
         self.records: dict[str, dict[str, ObjectRecord]] = {kind.plural: {} for kind in KINDS}
@@ -238,11 +239,12 @@ class ClusterState:
             self._gpu_nodes_sorted = sorted(self.gpus)
         return self._gpu_nodes_sorted
 
-    def next_resource_version(self) -> str:
+    def next_resource_version(self, resource: str) -> str:
+        """The next resourceVersion, taken by a change of `resource` (a plural: "pods")."""
         self.resource_version += 1
         self.version += 1
         if self.on_new_version is not None:
-            self.on_new_version()
+            self.on_new_version(resource)
         return str(self.resource_version)
 
     def changed(self) -> None:
@@ -262,7 +264,7 @@ class ClusterState:
             # A new object under an old name (a StatefulSet pod) is a delete and a create.
             self.remove(resource, key)
             old = None
-        metadata["resourceVersion"] = self.next_resource_version()
+        metadata["resourceVersion"] = self.next_resource_version(resource)
         if resource == "pods":
             record: ObjectRecord = self._pod_record(key, obj)
         else:
@@ -304,7 +306,7 @@ class ClusterState:
         """Serve `obj` verbatim (malformed-input tests); it joins no index and never the truth."""
         if key in self.stores[resource]:
             raise ValueError(f"cluster {self.name}: {BY_PLURAL[resource].kind} {key!r} already exists")
-        self.next_resource_version()
+        self.next_resource_version(resource)
         self.stores[resource].put(key, to_json(obj), self.resource_version)
         self.raw.add((resource, key))
 
@@ -315,7 +317,7 @@ class ClusterState:
             entry = StoredObject(key, b"")
         if entry is None:
             return
-        self.next_resource_version()
+        self.next_resource_version(resource)
         if (resource, key) in self.raw:
             self.raw.discard((resource, key))
             return

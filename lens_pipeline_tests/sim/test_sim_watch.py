@@ -148,6 +148,33 @@ def test_selectors_filter_the_events_and_the_timeout_ends_the_stream(served, v1)
     cluster.remove_pod("default", name)
 
 
+def test_a_watch_sleeps_through_changes_of_other_resources(served) -> None:
+    """A watch's wait is woken by a change of its own resource, not of another: a cluster's dozen
+    watches (lens watch keeps its owner kinds) are not all woken by every pod that changes."""
+    fleet, _server, _registry = served
+    cluster = fleet.cluster(NAME)
+    node = cluster.node_names()[0]
+    waited: dict[str, float] = {}
+
+    def wait(resource: str) -> None:
+        started = time.monotonic()
+        cluster.wait_for_change(cluster.resource_version, 5.0, resource)
+        waited[resource] = time.monotonic() - started
+
+    threads = {resource: threading.Thread(target=wait, args=(resource,)) for resource in ("nodes", "jobs")}
+    for thread in threads.values():
+        thread.start()
+    time.sleep(0.2)
+    cluster.set_node_ready(node, False)  # a change of a node
+    try:
+        threads["nodes"].join(timeout=5)
+        assert waited["nodes"] < 1.0  # woken by it
+        threads["jobs"].join(timeout=10)
+        assert waited["jobs"] >= 4.5  # slept until its timeout
+    finally:
+        cluster.set_node_ready(node, True)
+
+
 def test_a_bad_resource_version_is_a_400(served) -> None:
     fleet, server, _ = served
     token = fleet.cluster(NAME).token
