@@ -263,20 +263,11 @@ def warm_start(registry: Path, listed: set[str]) -> None:
     try:
         nodes_and_pods, everything, kept = None, None, set()
         while everything is None and time.monotonic() - started < 600:
-            text = urllib.request.urlopen(f"{watch.url}/metrics", timeout=10).read().decode()  # type: ignore[attr-defined]
-            served = {
-                line.split('path="')[1].split('"')[0]: line.endswith(" 1")
-                for line in text.splitlines()
-                if line.startswith("lens_watch_cache_served{")
-            }
+            served, queued = served_collections(watch)
             now = time.monotonic() - started
             if nodes_and_pods is None and served.get("/api/v1/nodes") and served.get("/api/v1/pods"):
                 nodes_and_pods = now
-            if (
-                nodes_and_pods is not None
-                and "\nlens_watch_cache_warm_queued 0\n" in text
-                and all(served.values())
-            ):
+            if nodes_and_pods is not None and not queued and all(served.values()):
                 everything, kept = now, set(served)
             time.sleep(0.2)
         if everything is None:
@@ -318,14 +309,24 @@ def start_watch_cache(registry: Path, warm: str | None = None) -> subprocess.Pop
             time.sleep(0.2)
 
 
+def served_collections(watch: subprocess.Popen) -> tuple[dict[str, bool], bool]:
+    """From lens watch's /metrics: whether each collection it keeps is served, by path, and whether
+    some it keeps from its start are still queued to be listed."""
+    text = urllib.request.urlopen(f"{watch.url}/metrics", timeout=10).read().decode()  # type: ignore[attr-defined]
+    served = {
+        line.split('path="')[1].split('"')[0]: line.endswith(" 1")
+        for line in text.splitlines()
+        if line.startswith("lens_watch_cache_served{")
+    }
+    return served, "\nlens_watch_cache_warm_queued 0\n" not in text
+
+
 def wait_until_served(watch: subprocess.Popen, timeout: float = 600, started: float | None = None) -> float:
     """Seconds until the cache serves every collection it keeps (since `started`, time.monotonic())."""
     started = time.monotonic() if started is None else started
     while time.monotonic() - started < timeout:
-        text = urllib.request.urlopen(f"{watch.url}/metrics", timeout=10).read().decode()  # type: ignore[attr-defined]
-        served = [line for line in text.splitlines() if line.startswith("lens_watch_cache_served{")]
-        queued = "\nlens_watch_cache_warm_queued 0\n" in text  # nothing left to keep from the start
-        if served and queued and all(line.endswith(" 1") for line in served):
+        served, queued = served_collections(watch)
+        if served and not queued and all(served.values()):
             return time.monotonic() - started
         time.sleep(0.5)
     raise SystemExit("the watch cache did not serve everything in time")
