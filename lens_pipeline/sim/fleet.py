@@ -137,12 +137,12 @@ class SimCluster:
                 gc.enable()
         self.history = ClusterHistory() if history else None
         self._record()
-        # Watches sleep until a change of their resource (or their next bookmark): a fleet's
-        # thousand watches polling twenty times a second took the simulator's cores from everything
-        # else, and so did waking a cluster's every watch (a dozen kinds) at each change of one.
-        self._changed: dict[str | None, threading.Condition] = {
-            resource: threading.Condition(threading.Lock()) for resource in (None, *self._state.stores)
-        }
+        self._changed = threading.Condition(threading.Lock())
+        # What each change of a resource wakes (the watches of that resource, through the server's
+        # streaming thread): a thread per watch, each woken by its cluster's changes, took a
+        # 100-cluster fleet's thousand watches into a convoy on the cores (docs/BENCHMARKS.md).
+        self._subscribers: dict[str, set[Callable[[], None]]] = {}
+        self._subscribers_lock = threading.Lock()
         self._state.on_new_version = self._new_version
 
     def __repr__(self) -> str:
@@ -160,17 +160,32 @@ class SimCluster:
     def resource_version(self) -> int:
         return self._state.resource_version
 
-    def wait_for_change(self, after: int, timeout: float, resource: str | None = None) -> bool:
-        """Wait up to `timeout` seconds for a resourceVersion past `after` (taken by a change of
-        `resource`, a plural, when given; of anything otherwise); whether the cluster's is past it."""
-        changed = self._changed[resource]
-        with changed:  # a version made after the check notifies only once this waits
-            return changed.wait_for(lambda: self._state.resource_version > after, max(0.0, timeout))
+    def wait_for_change(self, after: int, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for a resourceVersion past `after`; whether the cluster's is
+        past it."""
+        with self._changed:  # a version made after the check notifies only once this waits
+            return self._changed.wait_for(lambda: self._state.resource_version > after, max(0.0, timeout))
+
+    def subscribe(self, resource: str, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call `wake` at each new resourceVersion taken by a change of `resource` (a plural), from
+        the changing thread with the cluster locked (so it must only take note); returns what
+        cancels it."""
+        with self._subscribers_lock:
+            self._subscribers.setdefault(resource, set()).add(wake)
+
+        def cancel() -> None:
+            with self._subscribers_lock:
+                self._subscribers.get(resource, set()).discard(wake)
+
+        return cancel
 
     def _new_version(self, resource: str) -> None:
-        for key in (resource, None):
-            with self._changed[key]:
-                self._changed[key].notify_all()
+        with self._changed:
+            self._changed.notify_all()
+        with self._subscribers_lock:
+            wakes = tuple(self._subscribers.get(resource, ()))
+        for wake in wakes:
+            wake()
 
     def node_names(self) -> list[str]:
         """Names of the simulated GPU nodes, sorted."""

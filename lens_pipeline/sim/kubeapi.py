@@ -364,10 +364,8 @@ def _true(text: str | None) -> bool:
     return text in _TRUE
 
 
-# How long a watch sleeps at most without a change (it is woken by one; it then writes nothing,
-# which finds a client gone), and how long it stays quiet before a bookmark (when asked for:
-# kube-apiserver sends them about once a minute, and clients may not count on any).
-WATCH_IDLE_SECONDS = 1.0
+# How long a watch stays quiet before a bookmark (when asked for: kube-apiserver sends them about
+# once a minute, and clients may not count on any).
 BOOKMARK_SECONDS = 5.0
 # How long a watch from a version the server has not reached waits for it before 504.
 TOO_LARGE_WAIT_SECONDS = 3.0
@@ -422,12 +420,17 @@ def watch_objects(
                     "retryAfterSeconds": 1,
                 },
             )
-    watch = _Watch(cluster, kind, namespace, predicates, _wants_table(req))
-    stream = watch.events(initial, since, _true(req.param("allowWatchBookmarks")), seconds)
-    return SimResponse(200, b"", stream=stream)
+    bookmarks = _true(req.param("allowWatchBookmarks"))
+    watch = _Watch(
+        cluster, kind, namespace, predicates, _wants_table(req), since, initial, bookmarks, seconds
+    )
+    return SimResponse(200, b"", stream=watch)
 
 
 class _Watch:
+    """One watch as a `Stream`: the changes of its kind after `since`, matched and encoded, each
+    time the cluster says the kind changed; bookmarks when quiet; 410 once they are not all kept."""
+
     def __init__(
         self,
         cluster: SimCluster,
@@ -435,45 +438,57 @@ class _Watch:
         namespace: str | None,
         predicates: list[Predicate],
         table: bool,
+        since: int,
+        initial: list[StoredObject],
+        bookmarks: bool,
+        seconds: int,
     ) -> None:
         self.cluster, self.kind, self.predicates, self.table = cluster, kind, predicates, table
         self.prefix = f"{namespace}/" if namespace is not None else ""
+        self.since, self.initial, self.bookmarks = since, initial, bookmarks
+        self.quiet_since = time.monotonic()
+        self.deadline = self.quiet_since + (seconds if seconds > 0 else DEFAULT_WATCH_SECONDS)
 
-    def events(
-        self, initial: list[StoredObject], since: int, bookmarks: bool, seconds: int
-    ) -> Iterator[bytes]:
-        clock = time.monotonic
-        deadline = clock() + (seconds if seconds > 0 else DEFAULT_WATCH_SECONDS)
+    def opening(self) -> Iterator[bytes]:
+        initial, self.initial = self.initial, []
         for entry in initial:
             if self._matches(entry.key, entry.raw):
                 yield self._event("ADDED", entry)
-        quiet_since = clock()
-        while clock() < deadline:
-            changes, oldest, current = self.cluster.changes_since(self.kind.plural, since)
-            if changes is None:
-                status = status_response(
-                    410, f"too old resource version: {since} ({oldest})", reason="Expired"
-                )
-                yield b'{"type":"ERROR","object":' + status.body + b"}\n"
-                return
-            for change in changes:
-                if self._matches(change.key, change.raw):
-                    quiet_since = clock()
-                    yield self._event(change.type, StoredObject(change.key, change.raw))
-            since = current
-            if bookmarks and clock() - quiet_since >= BOOKMARK_SECONDS:
-                quiet_since = clock()
-                bookmark = {
-                    "kind": self.kind.kind,
-                    "apiVersion": self.kind.api_version,
-                    "metadata": {"resourceVersion": str(current)},
-                }
-                yield b'{"type":"BOOKMARK","object":' + orjson.dumps(bookmark) + b"}\n"
-            yield b""
-            wake = min(deadline, clock() + WATCH_IDLE_SECONDS)
-            if bookmarks:
-                wake = min(wake, quiet_since + BOOKMARK_SECONDS)
-            self.cluster.wait_for_change(current, wake - clock(), self.kind.plural)
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        return self.cluster.subscribe(self.kind.plural, wake)
+
+    def step(self, now: float) -> tuple[bytes, bool]:
+        if now >= self.deadline:
+            return b"", True
+        changes, oldest, current = self.cluster.changes_since(self.kind.plural, self.since)
+        if changes is None:
+            status = status_response(
+                410, f"too old resource version: {self.since} ({oldest})", reason="Expired"
+            )
+            return b'{"type":"ERROR","object":' + status.body + b"}\n", True
+        out = [
+            self._event(change.type, StoredObject(change.key, change.raw))
+            for change in changes
+            if self._matches(change.key, change.raw)
+        ]
+        if out:
+            self.quiet_since = now
+        self.since = current
+        if self.bookmarks and now - self.quiet_since >= BOOKMARK_SECONDS:
+            self.quiet_since = now
+            bookmark = {
+                "kind": self.kind.kind,
+                "apiVersion": self.kind.api_version,
+                "metadata": {"resourceVersion": str(current)},
+            }
+            out.append(b'{"type":"BOOKMARK","object":' + orjson.dumps(bookmark) + b"}\n")
+        return b"".join(out), False
+
+    def due(self) -> float:
+        if self.bookmarks:
+            return min(self.deadline, self.quiet_since + BOOKMARK_SECONDS)
+        return self.deadline
 
     def _matches(self, key: str, raw: bytes) -> bool:
         if not key.startswith(self.prefix):

@@ -21,9 +21,10 @@ from lens_pipeline.sim.fleet import CONTROL_ACTIONS, SimCluster, SimFleet
 from lens_pipeline.sim.kubeapi import handle_kube, status_response
 from lens_pipeline.sim.promapi import exposition, handle_prometheus
 from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.streams import WatchStreams
 from lens_pipeline.sim.tls import ServerCertificate, make_certificate
 from lens_pipeline.sim.truth import cluster_truth
-from lens_pipeline.sim.wire import SimRequest, SimResponse, json_response
+from lens_pipeline.sim.wire import SimRequest, SimResponse, Stream, json_response
 
 __all__ = ["SimServer", "handle_simulator", "write_registry"]
 
@@ -210,8 +211,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _send_stream(self, response: SimResponse) -> None:
-        """A response written as it is produced, in chunks (a watch), until it ends, the client
-        goes or the server stops."""
+        """A response written as it is produced, in chunks (a watch): its headers and opening from
+        this thread, the rest from the server's streaming thread (`WatchStreams`), which closes the
+        connection when the stream ends, the client goes or the server stops."""
         stream = response.stream
         assert stream is not None
         try:
@@ -220,20 +222,25 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             for key, value in response.headers.items():
                 self.send_header(key, value)
+            self.send_header("Connection", "close")
             self.end_headers()
-            for chunk in stream:
-                if self.server.stopping.is_set():
-                    self.close_connection = True
-                    return
-                if chunk:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            self.wfile.write(b"0\r\n\r\n")
-        except OSError:  # the client went away (a watch it stopped, a timeout)
+            opening = bytearray()
+            for event in stream.opening():
+                opening += event
+                if len(opening) >= OPENING_CHUNK:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(opening), opening))
+                    opening.clear()
+            if opening:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(opening), opening))
+        except OSError:  # the client went away
             self.close_connection = True
-        finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+            return
+        self.close_connection = True
+        self.server.adopt(self.connection, stream)
+
+
+# The opening events of a watch (every object, without a resourceVersion) go out in chunks of this.
+OPENING_CHUNK = 256 << 10
 
 
 class _FleetHTTPServer(ThreadingHTTPServer):
@@ -246,7 +253,21 @@ class _FleetHTTPServer(ThreadingHTTPServer):
         self.tls = tls
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
-        self.stopping = threading.Event()  # ends the watches being streamed
+        self.watches = WatchStreams()
+        self._adopted: set[socket.socket] = set()
+
+    def adopt(self, connection: socket.socket, stream: Stream) -> None:
+        """Hand `connection` to the streaming thread: the request's thread ends without closing it."""
+        with self._connections_lock:
+            self._adopted.add(connection)
+        self.watches.adopt(connection, stream)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            if request in self._adopted:
+                self._adopted.discard(request)
+                return
+        super().shutdown_request(request)
 
     def get_request(self) -> tuple[socket.socket, Any]:
         connection, address = super().get_request()
@@ -315,7 +336,7 @@ class SimServer:
     def stop(self) -> None:
         if self._httpd is None:
             return
-        self._httpd.stopping.set()
+        self._httpd.watches.stop()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._httpd.close_connections()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 from urllib.parse import parse_qs
 
 import orjson
@@ -43,9 +44,32 @@ class SimResponse:
     body: bytes
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
-    # A response sent as it is produced (a watch), chunked, instead of `body`. An empty chunk
-    # writes nothing: it lets the server look up between events (a shutdown, a client gone).
-    stream: Iterator[bytes] | None = None
+    # A response sent as it is produced (a watch), chunked, instead of `body`.
+    stream: Stream | None = None
+
+
+class Stream(Protocol):
+    """A response that goes on as the cluster changes (a watch). The request's own thread writes
+    `opening()`; then the server's one streaming thread (`lens_pipeline.sim.streams`) calls `step`
+    whenever `subscribe`'s callback says there may be something new, and at `due()` at the latest."""
+
+    def opening(self) -> Iterable[bytes]:
+        """What is sent at once (a watch's ADDED events of the objects there are)."""
+        ...
+
+    def subscribe(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Have `wake` called (from any thread, quickly) at each change that may concern this
+        stream; returns what cancels it."""
+        ...
+
+    def step(self, now: float) -> tuple[bytes, bool]:
+        """What to send now (b"" for nothing), and whether the stream has ended."""
+        ...
+
+    def due(self) -> float:
+        """The monotonic time by which `step` must be called even without a change (a bookmark,
+        the end of the watch)."""
+        ...
 
 
 def json_response(status: int, payload: object) -> SimResponse:

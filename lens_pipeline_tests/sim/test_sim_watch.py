@@ -4,13 +4,17 @@ Expired once the changes are no longer kept, bookmarks, selectors and the server
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import ssl
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from http.client import HTTPResponse, HTTPSConnection
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client, watch
@@ -148,31 +152,72 @@ def test_selectors_filter_the_events_and_the_timeout_ends_the_stream(served, v1)
     cluster.remove_pod("default", name)
 
 
-def test_a_watch_sleeps_through_changes_of_other_resources(served) -> None:
-    """A watch's wait is woken by a change of its own resource, not of another: a cluster's dozen
-    watches (lens watch keeps its owner kinds) are not all woken by every pod that changes."""
+def test_a_change_wakes_the_subscribers_of_its_resource_only(served) -> None:
+    """What a watch is woken by: a change of its own resource, not of another (a cluster's dozen
+    watches, lens watch keeping its owner kinds, are not all stepped at each pod that changes)."""
     fleet, _server, _registry = served
     cluster = fleet.cluster(NAME)
     node = cluster.node_names()[0]
-    waited: dict[str, float] = {}
-
-    def wait(resource: str) -> None:
-        started = time.monotonic()
-        cluster.wait_for_change(cluster.resource_version, 5.0, resource)
-        waited[resource] = time.monotonic() - started
-
-    threads = {resource: threading.Thread(target=wait, args=(resource,)) for resource in ("nodes", "jobs")}
-    for thread in threads.values():
-        thread.start()
-    time.sleep(0.2)
-    cluster.set_node_ready(node, False)  # a change of a node
+    woken: list[str] = []
+    cancels = [
+        cluster.subscribe(resource, lambda r=resource: woken.append(r)) for resource in ("nodes", "jobs")
+    ]
     try:
-        threads["nodes"].join(timeout=5)
-        assert waited["nodes"] < 1.0  # woken by it
-        threads["jobs"].join(timeout=10)
-        assert waited["jobs"] >= 4.5  # slept until its timeout
-    finally:
+        cluster.set_node_ready(node, False)
+        assert woken and set(woken) == {"nodes"}
+        cancels[0]()
+        woken.clear()
         cluster.set_node_ready(node, True)
+        assert woken == []
+    finally:
+        for cancel in cancels:
+            cancel()
+        cluster.set_node_ready(node, True)
+
+
+def _open_watch(server: SimServer, path: str, token: str) -> HTTPResponse:
+    context = ssl.create_default_context(cadata=server.certificate.ca_pem.decode("ascii"))
+    split = urlsplit(server.base_url(NAME))
+    connection = HTTPSConnection(split.hostname, split.port, context=context, timeout=10)
+    connection.request("GET", f"{split.path}{path}", headers={"Authorization": f"Bearer {token}"})
+    response = connection.getresponse()
+    assert response.status == 200 and response.getheader("Connection") == "close"
+    return response
+
+
+def test_many_watches_are_streamed_by_one_thread_and_a_client_that_goes_is_let_go(served) -> None:
+    """Forty watches at once: every one sees the new pod, the server runs no thread per watch, and
+    the watches whose clients close their connections are no longer streamed."""
+    fleet, server, _ = served
+    cluster = fleet.cluster(NAME)
+    streams = server._httpd.watches
+    before_streams, before_threads = len(streams), threading.active_count()
+    listed = cluster.resource_version
+    responses = [
+        _open_watch(
+            server, f"/api/v1/pods?watch=true&resourceVersion={listed}&timeoutSeconds=30", cluster.token
+        )
+        for _ in range(40)
+    ]
+    deadline = time.monotonic() + 10
+    while len(streams) < before_streams + 40 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(streams) == before_streams + 40
+    assert threading.active_count() <= before_threads + 2  # no thread per watch (a handler may linger)
+    name = cluster.add_gpu_pod(_free_node(fleet), 1)
+    try:
+        for response in responses:
+            event = json.loads(response.readline())
+            assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", name)
+    finally:
+        cluster.remove_pod("default", name)
+    for response in responses[:30]:
+        response.close()
+    while len(streams) > before_streams + 10 and time.monotonic() < deadline + 10:
+        time.sleep(0.05)
+    assert len(streams) == before_streams + 10
+    for response in responses[30:]:
+        response.close()
 
 
 def test_a_bad_resource_version_is_a_400(served) -> None:
