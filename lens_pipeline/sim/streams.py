@@ -15,6 +15,7 @@ on a new one, as HTTP/1.1 allows).
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -155,7 +156,7 @@ class WatchStreams:
             self._open.add(streamed)
             streamed.sock.setblocking(False)
             self._selector.register(streamed.sock, streamed.events, streamed)
-            streamed.cancel = streamed.stream.subscribe(lambda streamed=streamed: self._wake(streamed))
+            streamed.cancel = streamed.stream.subscribe(functools.partial(self._wake, streamed))
             woken.add(streamed)
         now = time.monotonic()
         while self._due and self._due[0][0] <= now:

@@ -203,7 +203,9 @@ def test_many_watches_are_streamed_by_one_thread_and_a_client_that_goes_is_let_g
     while len(streams) < before_streams + 40 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(streams) == before_streams + 40
-    assert threading.active_count() <= before_threads + 2  # no thread per watch (a handler may linger)
+    while threading.active_count() > before_threads + 1 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the requests' threads end once they have handed their watch over
+    assert threading.active_count() <= before_threads + 1  # a request's thread still ending, at most
     name = cluster.add_gpu_pod(_free_node(fleet), 1)
     try:
         for response in responses:
