@@ -395,6 +395,12 @@ class SimCluster:
             samples = self.gpu_utilization_samples()
         return [e.obj for e in objects["nodes"]], [e.obj for e in objects["pods"]], samples
 
+    def simulated_objects(self, resource: str) -> list[StoredObject]:
+        """The stored objects of `resource` (a plural) the simulation made (injected ones left out),
+        still serialized: an entry's `raw` is the same bytes object until the object changes."""
+        with self._lock:
+            return self._simulated((resource,))[resource]
+
     def truth_snapshot(self) -> TruthInputs:
         """Every simulated object (injected ones left out) and the samples, taken together; objects
         stay serialized until the truth reads them, one at a time."""
