@@ -10,6 +10,7 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -24,7 +25,7 @@ from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.streams import WatchStreams
 from lens_pipeline.sim.tls import ServerCertificate, make_certificate
 from lens_pipeline.sim.truth import cluster_truth
-from lens_pipeline.sim.wire import SimRequest, SimResponse, Stream, json_response
+from lens_pipeline.sim.wire import SimRequest, SimResponse, Stream, http_chunk, json_response
 
 __all__ = ["SimServer", "handle_simulator", "write_registry"]
 
@@ -224,14 +225,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(key, value)
             self.send_header("Connection", "close")
             self.end_headers()
-            opening = bytearray()
-            for event in stream.opening():
-                opening += event
-                if len(opening) >= OPENING_CHUNK:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(opening), opening))
-                    opening.clear()
-            if opening:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(opening), opening))
+            for chunk in _in_chunks(stream.opening(), OPENING_CHUNK):
+                self.wfile.write(chunk)
         except OSError:  # the client went away
             self.close_connection = True
             return
@@ -241,6 +236,18 @@ class _Handler(BaseHTTPRequestHandler):
 
 # The opening events of a watch (every object, without a resourceVersion) go out in chunks of this.
 OPENING_CHUNK = 256 << 10
+
+
+def _in_chunks(events: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """`events` joined into HTTP chunks of about `size` bytes each."""
+    pending = bytearray()
+    for event in events:
+        pending += event
+        if len(pending) >= size:
+            yield http_chunk(pending)
+            pending.clear()
+    if pending:
+        yield http_chunk(pending)
 
 
 class _FleetHTTPServer(ThreadingHTTPServer):

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from lens_pipeline.sim.wire import Stream
+from lens_pipeline.sim.wire import Stream, http_chunk
 
 log = logging.getLogger(__name__)
 
@@ -177,9 +177,7 @@ class WatchStreams:
             log.exception("a watch failed; ending it")
             data, ended = b"", True
         if data:
-            streamed.unsent += b"%x\r\n" % len(data)
-            streamed.unsent += data
-            streamed.unsent += b"\r\n"
+            streamed.unsent += http_chunk(data)
         if ended:
             streamed.ended = True
             streamed.unsent += b"0\r\n\r\n"

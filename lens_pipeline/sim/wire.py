@@ -72,6 +72,11 @@ class Stream(Protocol):
         ...
 
 
+def http_chunk(data: bytes | bytearray) -> bytes:
+    """`data` as one chunk of a chunked HTTP/1.1 body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
 def json_response(status: int, payload: object) -> SimResponse:
     return SimResponse(status, orjson.dumps(payload))
 
