@@ -353,20 +353,25 @@ def test_the_automation_asks_for_a_new_clusters_week_and_each_hour_at_five_past(
         latest = (tick - timedelta(minutes=1)).replace(minute=0) - timedelta(hours=1)
         week = {history_key(n, latest - timedelta(hours=h)) for n in names for h in range(1, 7 * 24)}
         assert asked == week
+        # Each cluster's closed hour waits for that cluster's collectors, not the others'.
+        cursor = first.cursor
         for name in names:
             for upstream in ("gpu_pods", "gpu_workloads"):
                 instance.report_runless_asset_event(AssetMaterialization(upstream, partition=name))
-        second = evaluate_automation_conditions(
-            defs=assets,
-            instance=instance,
-            asset_selection=AssetSelection.assets(*KEYS),
-            evaluation_time=datetime.now(UTC) + timedelta(seconds=1),
-            cursor=first.cursor,
-        )
-        closed = (datetime.now(UTC) + timedelta(seconds=1)).replace(minute=0, second=0, microsecond=0)
-        closed -= timedelta(hours=1)
-        asked = set(second.get_requested_partitions(AssetKey("cluster_gpu_hourly_stats")))
-        assert {history_key(n, closed) for n in names} <= asked
+            evaluated = evaluate_automation_conditions(
+                defs=assets,
+                instance=instance,
+                asset_selection=AssetSelection.assets(*KEYS),
+                evaluation_time=datetime.now(UTC) + timedelta(seconds=1),
+                cursor=cursor,
+            )
+            cursor = evaluated.cursor
+            closed = (datetime.now(UTC) + timedelta(seconds=1)).replace(minute=0, second=0, microsecond=0)
+            closed -= timedelta(hours=1)
+            closed_keys = {history_key(n, closed) for n in names}
+            for key in KEYS:
+                asked_now = set(evaluated.get_requested_partitions(key)) & closed_keys
+                assert asked_now == {history_key(name, closed)}, (key, name)
 
 
 def test_workload_statistics_read_the_whole_window_an_outage_left(tmp_path, monkeypatch):
