@@ -4,12 +4,13 @@ window of partitions (`$LENS_HISTORY_DAYS` days of hours per cluster).
 
 The evaluations follow an hour as the daemon sees it: three a minute apart before five past, then
 one after the tick once every cluster's collectors ran (it asks for every cluster's closed hour),
-then `--after` more, with the collectors materializing every cluster between two evaluations as
-the one-minute schedule does. Each evaluation's wall time (the daemon runs it on one thread) and
+then `--after` more, with the collectors materializing every cluster before each of these as the
+one-minute schedule does (before the tick no collector has run yet, so those evaluations are
+cheaper than the daemon's). Each evaluation's wall time (the daemon runs it on one thread) and
 what it asked are printed, then the median of the quiet ones (nothing to ask).
 
 `--condition on_cron` puts Dagster's `AutomationCondition.on_cron` back in place of our closed-hour
-condition, to compare. `--backfill-days` (0 by default) is `$LENS_HISTORY_BACKFILL_DAYS`: with
+condition, to compare (`missing_hour` is today's in both). `--backfill-days` (0 by default) is `$LENS_HISTORY_BACKFILL_DAYS`: with
 more, the first evaluation also asks for the missing days of every new cluster.
 
     .venv/bin/python bench/bench_automation.py --clusters 100 [--condition on_cron]
@@ -61,7 +62,8 @@ def main() -> None:
         ]
     names = [f"bench-{i:04d}" for i in range(args.clusters)]
     # The evaluations after the tick run at the wall clock's time (the collectors' materializations
-    # carry it), all before the next tick: a run that would cross it waits for it first.
+    # carry it): a run started between :00 and five past waits for the tick first. (A run of many
+    # clusters started late in the hour can still cross the next one.)
     now = datetime.now(UTC)
     tick = now.replace(minute=5, second=0, microsecond=0)
     if timedelta(seconds=-5) < tick - now < timedelta(minutes=5):

@@ -337,6 +337,10 @@ def test_the_automation_asks_for_a_new_clusters_week_and_each_hour_at_five_past(
     """A new cluster: every hour of the last days at once (one backfill), all but the hour that just
     closed; that one once five past has passed and the cluster's collectors ran since."""
     names = ["new-a", "new-b"]
+    # The test reads the closed hour from the clock: it does not start in the last 30 s of an hour.
+    to_the_hour = HOUR - time.time() % HOUR
+    if to_the_hour < 30:
+        time.sleep(to_the_hour + 1)
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
         assets = list(defs.resolve_asset_graph().assets_defs)
@@ -358,16 +362,16 @@ def test_the_automation_asks_for_a_new_clusters_week_and_each_hour_at_five_past(
         for name in names:
             for upstream in ("gpu_pods", "gpu_workloads"):
                 instance.report_runless_asset_event(AssetMaterialization(upstream, partition=name))
+            when = datetime.now(UTC) + timedelta(seconds=1)
             evaluated = evaluate_automation_conditions(
                 defs=assets,
                 instance=instance,
                 asset_selection=AssetSelection.assets(*KEYS),
-                evaluation_time=datetime.now(UTC) + timedelta(seconds=1),
+                evaluation_time=when,
                 cursor=cursor,
             )
             cursor = evaluated.cursor
-            closed = (datetime.now(UTC) + timedelta(seconds=1)).replace(minute=0, second=0, microsecond=0)
-            closed -= timedelta(hours=1)
+            closed = when.replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
             closed_keys = {history_key(n, closed) for n in names}
             for key in KEYS:
                 asked_now = set(evaluated.get_requested_partitions(key)) & closed_keys
