@@ -47,7 +47,7 @@ def main() -> None:
 
     from lens_pipeline import settings
     from lens_pipeline.definitions import defs
-    from lens_pipeline.defs.history.assets import KEYS
+    from lens_pipeline.defs.history.assets import KEYS, UPSTREAM
     from lens_pipeline.defs.history.automation import CLOSED_HOUR_CRON, missing_hour
     from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 
@@ -83,7 +83,7 @@ def main() -> None:
         for planned in times:
             if planned is None:
                 for name in names:
-                    for upstream in ("gpu_pods", "gpu_workloads"):
+                    for upstream in UPSTREAM:
                         instance.report_runless_asset_event(AssetMaterialization(upstream, partition=name))
             when = planned or datetime.now(UTC)
             began = time.perf_counter()

@@ -31,7 +31,7 @@ import lens_pipeline.defs.collectors.gpu_pods as gpu_pods_collector
 import lens_pipeline.defs.derived.statistics as statistics_view
 from lens_pipeline.definitions import defs
 from lens_pipeline.defs import resources
-from lens_pipeline.defs.history.assets import KEYS, hourly_history
+from lens_pipeline.defs.history.assets import KEYS, UPSTREAM, hourly_history
 from lens_pipeline.defs.history.partitions import history_key
 from lens_pipeline.defs.history.sensors import history_automation
 from lens_pipeline.defs.partitions import (
@@ -214,11 +214,7 @@ def test_past_hours_equal_the_truth_and_a_missed_hour_is_healed(tmp_path, db_url
 
         # The automation finds the missed hour (among the week a new cluster lacks) and asks for it
         # as one backfill; the latest hour is left to its five-past tick.
-        evaluated = evaluate_automation_conditions(
-            defs=list(defs.resolve_asset_graph().assets_defs),
-            instance=instance,
-            asset_selection=AssetSelection.assets(*KEYS),
-        )
+        evaluated = _evaluate_history(instance)
         asked = set(evaluated.get_requested_partitions(AssetKey("cluster_gpu_hourly_stats")))
         missed = {history_key(n, datetime.fromtimestamp(hours[1], UTC)) for n in names}
         done = {history_key(n, datetime.fromtimestamp(h, UTC)) for n in names for h in (hours[0], hours[2])}
@@ -333,6 +329,17 @@ def test_a_failing_cluster_fails_its_own_hour_only(tmp_path):
     assert history_key(names[1], hour) in present.metadata["not_computed"].value
 
 
+def _evaluate_history(instance, when: datetime | None = None, cursor=None):
+    """One evaluation of the hourly history's automation conditions, as its sensor makes it."""
+    return evaluate_automation_conditions(
+        defs=list(defs.resolve_asset_graph().assets_defs),
+        instance=instance,
+        asset_selection=AssetSelection.assets(*KEYS),
+        evaluation_time=when,
+        cursor=cursor,
+    )
+
+
 def test_the_automation_asks_for_a_new_clusters_week_and_each_hour_at_five_past(tmp_path):
     """A new cluster: every hour of the last days at once (one backfill), all but the hour that just
     closed; that one once five past has passed and the cluster's collectors ran since."""
@@ -343,16 +350,10 @@ def test_the_automation_asks_for_a_new_clusters_week_and_each_hour_at_five_past(
         time.sleep(to_the_hour + 1)
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
-        assets = list(defs.resolve_asset_graph().assets_defs)
         now = datetime.now(UTC)
         tick = now.replace(minute=5, second=0, microsecond=0)
         tick = tick if tick <= now else tick - timedelta(hours=1)
-        first = evaluate_automation_conditions(
-            defs=assets,
-            instance=instance,
-            asset_selection=AssetSelection.assets(*KEYS),
-            evaluation_time=tick - timedelta(minutes=1),
-        )
+        first = _evaluate_history(instance, tick - timedelta(minutes=1))
         asked = set(first.get_requested_partitions(AssetKey("workload_gpu_hourly_stats")))
         latest = (tick - timedelta(minutes=1)).replace(minute=0) - timedelta(hours=1)
         week = {history_key(n, latest - timedelta(hours=h)) for n in names for h in range(1, 7 * 24)}
@@ -360,16 +361,10 @@ def test_the_automation_asks_for_a_new_clusters_week_and_each_hour_at_five_past(
         # Each cluster's closed hour waits for that cluster's collectors, not the others'.
         cursor = first.cursor
         for name in names:
-            for upstream in ("gpu_pods", "gpu_workloads"):
+            for upstream in UPSTREAM:
                 instance.report_runless_asset_event(AssetMaterialization(upstream, partition=name))
             when = datetime.now(UTC) + timedelta(seconds=1)
-            evaluated = evaluate_automation_conditions(
-                defs=assets,
-                instance=instance,
-                asset_selection=AssetSelection.assets(*KEYS),
-                evaluation_time=when,
-                cursor=cursor,
-            )
+            evaluated = _evaluate_history(instance, when, cursor)
             cursor = evaluated.cursor
             closed = when.replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
             closed_keys = {history_key(n, closed) for n in names}
