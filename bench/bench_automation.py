@@ -96,7 +96,8 @@ def main() -> None:
             )
             seconds = time.perf_counter() - began
             cursor = result.cursor
-            asked = result.total_requested
+            # Every asset of the history, those asked with the one that carries the condition too.
+            asked = sum(len(result.get_requested_partitions(key)) for key in KEYS)
             if asked == 0 and planned is None:
                 quiet.append(seconds)
             print(f"  {when:%H:%M:%S}  {seconds:6.2f} s  asked {asked} partitions")
