@@ -84,13 +84,16 @@ PAGES_SECONDS = 300.0
 # their managedFields (`without_managed_fields`).
 CUT: dict[str, Callable[[Any], Any]] = {"/api/v1/pods": slim_pod}
 # The kinds GPU pods commonly belong to, up their owner chains (Deployments' ReplicaSets, Jobs and
-# CronJobs, StatefulSets (also LeaderWorkerSets' groups), the Kubeflow training operator's jobs, the
-# MPI operator's v2 MPIJob, KubeRay, JobSet, LeaderWorkerSet, Volcano, SaFE): a cluster serves those
-# of its CRDs, and a run lists each one its GPU pods' chains reach. Any other is kept when first asked.
+# CronJobs, StatefulSets (also LeaderWorkerSets' groups), DaemonSets (a GPU pod on every node: burn-in,
+# node checks), the Kubeflow training operator's jobs, the MPI operator's v2 MPIJob, KubeRay (a
+# RayJob's or a RayService's RayCluster: KubeRay makes either the controller owner of the cluster it
+# creates), JobSet, LeaderWorkerSet, Volcano, SaFE): a cluster serves those of its CRDs, and a run
+# lists each one its GPU pods' chains reach. Any other is kept when first asked.
 WARM_OWNERS = (
     "/apis/apps/v1/replicasets",
     "/apis/apps/v1/deployments",
     "/apis/apps/v1/statefulsets",
+    "/apis/apps/v1/daemonsets",
     "/apis/batch/v1/jobs",
     "/apis/batch/v1/cronjobs",
     "/apis/kubeflow.org/v1/pytorchjobs",
@@ -99,6 +102,7 @@ WARM_OWNERS = (
     "/apis/kubeflow.org/v2beta1/mpijobs",
     "/apis/ray.io/v1/rayclusters",
     "/apis/ray.io/v1/rayjobs",
+    "/apis/ray.io/v1/rayservices",
     "/apis/jobset.x-k8s.io/v1alpha2/jobsets",
     "/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets",
     "/apis/batch.volcano.sh/v1alpha1/jobs",
