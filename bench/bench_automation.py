@@ -10,7 +10,7 @@ cheaper than the daemon's). Each evaluation's wall time (the daemon runs it on o
 what it asked are printed, then the median of the quiet ones (nothing to ask).
 
 `--condition on_cron` puts Dagster's `AutomationCondition.on_cron` back in place of our closed-hour
-condition, to compare (`missing_hour` is today's in both). `--backfill-days` (0 by default) is `$LENS_HISTORY_BACKFILL_DAYS`: with
+condition (on the same one asset of the five), to compare (`missing_hour` is today's in both). `--backfill-days` (0 by default) is `$LENS_HISTORY_BACKFILL_DAYS`: with
 more, the first evaluation also asks for the missing days of every new cluster.
 
     .venv/bin/python bench/bench_automation.py --clusters 100 [--condition on_cron]
@@ -47,7 +47,7 @@ def main() -> None:
 
     from lens_pipeline import settings
     from lens_pipeline.definitions import defs
-    from lens_pipeline.defs.history.assets import KEYS, UPSTREAM
+    from lens_pipeline.defs.history.assets import AUTOMATED, KEYS, UPSTREAM
     from lens_pipeline.defs.history.automation import CLOSED_HOUR_CRON, missing_hour
     from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 
@@ -55,7 +55,11 @@ def main() -> None:
     if args.condition == "on_cron":
         baseline = AutomationCondition.on_cron(CLOSED_HOUR_CRON) | missing_hour
         assets = [
-            a.map_asset_specs(lambda spec: spec.replace_attributes(automation_condition=baseline))
+            a.map_asset_specs(
+                lambda spec: spec.replace_attributes(
+                    automation_condition=baseline if spec.key == AUTOMATED else None
+                )
+            )
             if set(a.keys) & set(KEYS)
             else a
             for a in assets
