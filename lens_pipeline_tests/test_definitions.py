@@ -40,3 +40,20 @@ def test_no_deprecated_dagster_names_in_the_package():
         if name in path.read_text()
     ]
     assert offenders == []
+
+
+def test_loading_the_code_location_leaves_the_kubernetes_client_and_pandas_unimported():
+    """Every run is a new process that loads the code location: the client's model classes and
+    numpy with pandas (a second of CPU on a slow machine) are imported by the runs that use them
+    (a collection's first request, an hour of history), not by every container-events run."""
+    probe = (
+        "import sys, lens_pipeline.definitions as d\n"
+        "d.defs.get_repository_def().load_all_definitions()\n"
+        "print(sorted(m for m in ('kubernetes', 'pandas', 'numpy') if m in sys.modules))\n"
+        "from lens_pipeline.collect.quantity import whole_units\n"
+        "assert whole_units('127500m', 'cpu') == 127\n"
+        "print('kubernetes' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["[]", "True"], result.stdout

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-from kubernetes.utils import parse_quantity
-
 from lens_pipeline.collect.problems import MalformedObject
 
 # The most GPUs (or CPUs) one object may count. Counts land in 32-bit INTEGER columns (PostgreSQL,
@@ -37,6 +35,10 @@ def whole_units(value: object, what: str, *, integer: bool = False) -> int:
     # Quantities are ASCII (Python's Decimal would also read other scripts' digits).
     if isinstance(value, bool) or (isinstance(value, str) and not value.isascii()):
         raise MalformedObject(f"{what} should be a quantity, got {value!r}")
+    # The official client's parser, imported here: the rare quantity that is not a plain number is
+    # read in a run that has imported the client anyway (a run that reads no cluster never does).
+    from kubernetes.utils import parse_quantity
+
     try:
         number = parse_quantity(value)
     except (ValueError, TypeError, ArithmeticError):

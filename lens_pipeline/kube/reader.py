@@ -22,20 +22,31 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import urllib3
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
-from kubernetes.config.config_exception import ConfigException
 
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.memory import paused_gc
 from lens_pipeline.retry import KUBE_REQUEST, KUBE_RETRIES
 
+if TYPE_CHECKING:
+    from kubernetes import client as k8s_client
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def kubernetes_client() -> ModuleType:
+    """The official client's `kubernetes.client`, imported when a reader first needs it: the import
+    builds every model class, most of a second of CPU, which a run process that reads no cluster
+    (the container events', the hourly history's) does not pay when it loads the code location."""
+    from kubernetes import client
+
+    return client
+
 
 PAGE_SIZE = 500
 # Pages fetched ahead wait in a queue of this size while the caller parses one (the helper may hold
@@ -146,8 +157,12 @@ class ListStats:
 
 def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
     """An ApiClient configured the way the registry entry says (kubeconfig, in-cluster, or token)."""
+    from kubernetes import config as k8s_config
+    from kubernetes.config.config_exception import ConfigException
+
+    client = kubernetes_client()
     try:
-        configuration = k8s_client.Configuration()
+        configuration = client.Configuration()
         # The reader retries itself, with backoff (lens_pipeline.retry); urllib3's own three retries
         # underneath would make each attempt four requests and a slow API four times as slow.
         configuration.retries = 0
@@ -173,7 +188,7 @@ def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
             configuration.cert_file = cluster.cert_file or _pem_file(cluster.cert_data)
             configuration.key_file = cluster.key_file or _pem_file(cluster.key_data)
             configuration.tls_server_name = cluster.tls_server_name
-        return k8s_client.ApiClient(configuration)
+        return client.ApiClient(configuration)
     except (ConfigException, OSError, ValueError, TypeError) as exc:
         # The message of a config error may quote the kubeconfig; keep only its type and first line.
         first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
@@ -404,7 +419,7 @@ class KubeReader:
         self.stats.by_path[path] = self.stats.by_path.get(path, 0) + 1
         try:
             status, response = raw_stream(self.api, path, query, (connect, timeout_seconds + 30.0))
-        except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
+        except (urllib3.exceptions.HTTPError, OSError, kubernetes_client().ApiException) as exc:
             raise KubeError(
                 self.cluster.name, path, f"watch: {type(exc).__name__}: {_first_line(exc)}"
             ) from None
@@ -466,12 +481,13 @@ class KubeReader:
     def _cache_get(self, path: str, query: builtins.list[tuple[str, Any]]) -> tuple[int, bytes]:
         """One GET of the watch cache, not retried: what it cannot answer, the API server does."""
         if self._cache_api is None:
-            configuration = k8s_client.Configuration()
+            client = kubernetes_client()
+            configuration = client.Configuration()
             configuration.host = f"{self.cache_url}/clusters/{self.cluster.name}"
             configuration.retries = 0
             if self._cache_token:
                 configuration.api_key = {"authorization": f"Bearer {self._cache_token}"}
-            self._cache_api = k8s_client.ApiClient(configuration)
+            self._cache_api = client.ApiClient(configuration)
         read_timeout = self.cluster.request_timeout_seconds
         query = [*query, (ENTRY_PARAMETER, self._entry)]
         if self.cache_wait_seconds > 0:
@@ -480,7 +496,7 @@ class KubeReader:
         timeout = (min(2.0, self.cluster.request_timeout_seconds), read_timeout)
         try:
             return raw_get(self._cache_api, path, query, timeout)
-        except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
+        except (urllib3.exceptions.HTTPError, OSError, kubernetes_client().ApiException) as exc:
             raise KubeError(self.cluster.name, path, f"unreachable: {type(exc).__name__}") from None
 
     def _get(self, path: str, query: builtins.list[tuple[str, Any]]) -> tuple[int, bytes]:
@@ -498,7 +514,7 @@ class KubeReader:
             self.stats.by_path[path] = self.stats.by_path.get(path, 0) + 1
             try:
                 status, body = raw_get(self.api, path, query, timeout)
-            except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as exc:
+            except (urllib3.exceptions.HTTPError, OSError, kubernetes_client().ApiException) as exc:
                 last_error = f"{type(exc).__name__}: {_first_line(exc)}"
                 continue
             reached = True
@@ -551,7 +567,7 @@ def raw_stream(
                 _preload_content=False,
                 _request_timeout=timeout,
             )
-        except k8s_client.ApiException as exc:
+        except kubernetes_client().ApiException as exc:
             if not exc.status:
                 raise
             body = exc.body if isinstance(exc.body, bytes) else str(exc.body or "").encode()
