@@ -23,6 +23,13 @@ def test_every_definition_resolves():
     assert {"gpu_nodes", "container_events"} <= asset_keys
 
 
+def test_every_job_runs_its_steps_in_the_run_process():
+    """The implicit asset job too (automation, backfills, the UI's materializations): no second
+    process that loads the code location again for each step."""
+    jobs = defs.get_repository_def().get_all_jobs()
+    assert {job.name: job.executor_def.name for job in jobs} == {job.name: "in_process" for job in jobs}
+
+
 def test_dg_check_defs_passes():
     dg = Path(sys.executable).with_name("dg")
     command = [str(dg) if dg.exists() else shutil.which("dg") or "dg", "check", "defs"]
