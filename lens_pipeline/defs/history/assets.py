@@ -308,6 +308,9 @@ def materialize_hour(
     turn: ClusterTurn, hour: datetime, config: HistoryConfig
 ) -> tuple[dict[str, dict[str, Any]], dict[str, list[AssetCheckResult]]]:
     """Compute one (cluster, hour) and replace its rows; the metadata and check results per table."""
+    # pandas is imported by the run's first hour (`hour_tables`): here, before its clock starts.
+    import lens_pipeline.collect.hour_frames  # noqa: F401
+
     started = datetime.now(UTC)
     inputs, known = hour_inputs(turn, hour, config)
     tables = hour_tables(inputs, config.dimensions())
