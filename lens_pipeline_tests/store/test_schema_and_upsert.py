@@ -233,6 +233,43 @@ def test_values_that_need_escaping_are_stored_as_given(lens_url, new):
         ), row["name"]
 
 
+@pytest.mark.parametrize("new", [False, True], ids=["upsert", "new rows"])
+def test_times_and_booleans_many_rows_share_are_stored_as_given(lens_url, new):
+    # PostgreSQL's COPY text writes each distinct time and boolean of a column once.
+    from datetime import timezone
+
+    from lens_pipeline.store.schema import gpu_pods
+
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    plus_two = timezone(timedelta(hours=2))
+    created = [T0, T0, T0 + timedelta(microseconds=1), T0.astimezone(plus_two), None, T0 + timedelta(days=400)]
+    rows = [
+        {
+            "cluster_name": "c1",
+            "uid": f"u{i}",
+            "name": f"p{i}",
+            "deleted": [True, False, None][i % 3],
+            "running": i % 2 == 0,
+            "created_at": at,
+            "updated_at": T0,  # one time for every row, as a run's `now`
+        }
+        for i, at in enumerate(created)
+    ]
+    with write_transaction(engine) as conn:
+        bulk_upsert(conn, gpu_pods, rows, new=new)
+    with engine.connect() as conn:
+        stored = {r.uid: r for r in conn.execute(select(gpu_pods)).all()}
+    for row in rows:
+        have = stored[row["uid"]]
+        assert (have.deleted, have.running, have.created_at, have.updated_at) == (
+            row["deleted"],
+            row["running"],
+            row["created_at"],
+            T0,
+        ), row["uid"]
+
+
 def test_naive_datetimes_are_refused(sqlite_url):
     engine = get_engine(sqlite_url)
     ensure_schema(engine, "lens")
