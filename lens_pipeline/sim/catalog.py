@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lens_pipeline.sim import controllers
-from lens_pipeline.sim.kubeobjects import ContainerPlan, Owner, new_uid, suffix
+from lens_pipeline.sim.kubeobjects import ContainerPlan, Owner, applied_with_kubectl, new_uid, suffix
 from lens_pipeline.sim.state import SAFE_WORKLOAD_LABEL
 from lens_pipeline.sim.workloads import PHASES, Controllers, PodPlan, Spawned, Timeline
 
@@ -55,12 +55,10 @@ def spawn_pytorchjob(
     containers = ctl.containers("pytorch", gpus)
     template = controllers.pod_template({}, containers, ctl.profile.workload_image, ctl.profile, "OnFailure")
     annotations = {"sim.lens/owner": rng.choice(USERS)}
-    ctl.state.put(
-        "pytorchjobs",
-        controllers.pytorchjob(
-            name, namespace, uid, timeline.created, labels, workers, template, annotations
-        ),
+    job = controllers.pytorchjob(
+        name, namespace, uid, timeline.created, labels, workers, template, annotations
     )
+    ctl.state.put("pytorchjobs", job if safe else applied_with_kubectl(job))  # SaFE's own are not applied
     owner = Owner("PyTorchJob", "kubeflow.org/v1", name, uid)
     base = {
         "training.kubeflow.org/job-name": name,
@@ -143,8 +141,10 @@ def spawn_mpijob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
     worker_template = controllers.pod_template({}, worker_containers, image, ctl.profile, "Never")
     ctl.state.put(
         "mpijobs",
-        controllers.mpijob(
-            name, namespace, uid, timeline.created, {}, workers, launcher_template, worker_template, 8
+        applied_with_kubectl(
+            controllers.mpijob(
+                name, namespace, uid, timeline.created, {}, workers, launcher_template, worker_template, 8
+            )
         ),
     )
     owner = Owner("MPIJob", "kubeflow.org/v1", name, uid)
@@ -201,7 +201,9 @@ def spawn_rayjob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
     spec = controllers.ray_cluster_spec(head, worker, workers)
     uid = new_uid(rng)
     state = ctl.state
-    state.put("rayjobs", controllers.rayjob(name, namespace, uid, timeline.created, {}, spec))
+    state.put(
+        "rayjobs", applied_with_kubectl(controllers.rayjob(name, namespace, uid, timeline.created, {}, spec))
+    )
     rayjob_owner = Owner("RayJob", "ray.io/v1", name, uid)
     cluster_name = f"{name}-raycluster-{suffix(rng)}"
     cluster_uid = new_uid(rng)
@@ -291,7 +293,7 @@ def spawn_job(
     containers = ctl.containers("main", gpus)
     template = controllers.pod_template({}, containers, ctl.profile.workload_image, ctl.profile, "Never")
     job = controllers.job(name, namespace, uid, timeline.created, owner, {}, parallelism, template)
-    ctl.state.put("jobs", job)
+    ctl.state.put("jobs", job if owner else applied_with_kubectl(job))  # a CronJob's are its controller's
     labels = dict(job["spec"]["template"]["metadata"]["labels"])
     job_owner = Owner("Job", "batch/v1", name, uid)
     init_gpus = ctl.init_gpus(gpus)
@@ -323,7 +325,8 @@ def spawn_cronjob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
     uid = new_uid(rng)
     containers = ctl.containers("main", gpus)
     template = controllers.pod_template({}, containers, ctl.profile.workload_image, ctl.profile, "Never")
-    ctl.state.put("cronjobs", controllers.cronjob(name, namespace, uid, created, {}, "0 */6 * * *", template))
+    cronjob = controllers.cronjob(name, namespace, uid, created, {}, "0 */6 * * *", template)
+    ctl.state.put("cronjobs", applied_with_kubectl(cronjob))
     owner = Owner("CronJob", "batch/v1", name, uid)
     last = int(now // period) * period
     runs = rng.randint(1, 3)
@@ -368,10 +371,8 @@ def spawn_deployment(
     uid = new_uid(rng)
     state = ctl.state
     template = controllers.pod_template(app, containers, ctl.profile.workload_image, ctl.profile, "Always")
-    state.put(
-        "deployments",
-        controllers.deployment(name, namespace, uid, timeline.created, dict(app), replicas, template),
-    )
+    deployment = controllers.deployment(name, namespace, uid, timeline.created, dict(app), replicas, template)
+    state.put("deployments", deployment if safe else applied_with_kubectl(deployment))
     owner = Owner("Deployment", "apps/v1", name, uid)
     revision = 1
     if rng.random() < 0.3:
@@ -452,7 +453,7 @@ def spawn_statefulset(ctl: Controllers, now: float, outcome: str | None) -> Spaw
     uid = new_uid(rng)
     template = controllers.pod_template(labels, containers, ctl.profile.workload_image, ctl.profile, "Always")
     sts = controllers.statefulset(name, namespace, uid, timeline.created, dict(labels), replicas, template)
-    ctl.state.put("statefulsets", sts)
+    ctl.state.put("statefulsets", applied_with_kubectl(sts))
     keys: list[str] = []
     for index in range(replicas):
         plan = ctl.statefulset_pod(sts, index)

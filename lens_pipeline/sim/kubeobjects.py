@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import json
 import random
 import time
 import uuid
@@ -447,6 +448,23 @@ def pod_object(
         "spec": spec,
         "status": pod_status(phase, spec, created, started, changed, pod_ip, host_ip, restarts),
     }
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def applied_with_kubectl(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` as `kubectl apply` leaves it: kubectl keeps the manifest it sent (without this
+    annotation, status or what the server sets) in the object's `last-applied-configuration`
+    annotation for its next three-way merge, JSON encoded with a newline at the end (kubectl's
+    `GetModifiedConfiguration`). Real workloads carry it; its quotes and newline are escaped
+    wherever the object is written as JSON text."""
+    metadata = obj["metadata"]
+    sent = {key: metadata[key] for key in ("annotations", "labels", "name", "namespace") if metadata.get(key)}
+    manifest = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": sent, "spec": obj["spec"]}
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":")) + "\n"
+    metadata["annotations"] = {**metadata.get("annotations", {}), LAST_APPLIED: text}
+    return obj
 
 
 def object_metadata(
