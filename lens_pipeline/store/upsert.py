@@ -387,6 +387,13 @@ def _driver_columns(
 def _convert(values: list, process: Callable[[Any], Any]) -> None:
     # Many rows share a value (a run's `now`, a phase): convert each distinct hashable one once.
     # The type is part of the key, so that True, 1 and 1.0 stay apart.
+    if isinstance(next((v for v in values if v is not None), None), dict | list):
+        # A JSON column's documents cannot be keys: each converted, without first failing to hash
+        # it (the failed hash was half the cost of a snapshot column).
+        for n, value in enumerate(values):
+            if value is not None:
+                values[n] = process(value)
+        return
     seen: dict[tuple[type, Any], Any] = {}
     for n, value in enumerate(values):
         if value is None:
