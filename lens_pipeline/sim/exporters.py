@@ -178,11 +178,13 @@ def scrape(
     history, at the past time `at`); with `metrics`, the targets of counting jobs answer only those
     (the samples of the others are shared, not copied)."""
     history = cluster.history
+    # The counters' time is taken first, as the scrape arrives: Prometheus stamps the samples with
+    # the time it sent the scrape, and rebuilding the targets after a change takes a while.
+    seconds = (cluster.now() if at is None else at) - _COUNTER_EPOCH
     if at is None or history is None:
         cached = cluster.memo("exporter_targets", lambda: _build(cluster))
     else:
         cached = history.memo(("targets", history.state_key(at)), lambda: _build(cluster, at))
-    seconds = (cluster.now() if at is None else at) - _COUNTER_EPOCH
     return {
         target: [
             (m, labels, _count(m, v, seconds) if m in COUNTERS else v)
