@@ -243,7 +243,14 @@ def test_times_and_booleans_many_rows_share_are_stored_as_given(lens_url, new):
     engine = get_engine(lens_url)
     ensure_schema(engine, "lens")
     plus_two = timezone(timedelta(hours=2))
-    created = [T0, T0, T0 + timedelta(microseconds=1), T0.astimezone(plus_two), None, T0 + timedelta(days=400)]
+    created = [
+        T0,
+        T0,
+        T0 + timedelta(microseconds=1),
+        T0.astimezone(plus_two),
+        None,
+        T0 + timedelta(days=400),
+    ]
     rows = [
         {
             "cluster_name": "c1",
