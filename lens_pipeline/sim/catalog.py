@@ -110,7 +110,7 @@ def spawn_bound_job(ctl: Controllers, node: str, gpus: int, phase: str, namespac
     uid = new_uid(rng)
     containers = (ContainerPlan("main", gpus),)
     template = controllers.pod_template({}, containers, ctl.profile.workload_image, ctl.profile, "Never")
-    job = controllers.job(name, namespace, uid, now, None, {}, 1, template)
+    job = applied_with_kubectl(controllers.job(name, namespace, uid, now, None, {}, 1, template))
     ctl.state.put("jobs", job)
     plan = PodPlan(
         ctl.pod_name(namespace, f"{name}-"),

@@ -17,7 +17,7 @@ import functools
 import io
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from functools import partial
 from operator import itemgetter
 from typing import Any, Literal, cast
@@ -256,14 +256,12 @@ def _copy_column(values: list) -> list[str]:
         return ["\\N" if v is None else v for v in values] if nullable else values
     if kinds <= {int}:  # not bool: its own type, written t/f below
         return ["\\N" if v is None else str(v) for v in values] if nullable else list(map(str, values))
-    if kinds == {datetime} or kinds == {bool}:
+    if kinds == {bool} or (kinds == {datetime} and all(v is None or v.tzinfo is UTC for v in values)):
         # Many rows share a time (a run's `now`) and every row one of two booleans: each distinct
-        # value is written once. Times of one zone only (the bind processor made them UTC): equal
-        # times of two zones are written apart, as each would be alone.
-        distinct = set(values)
-        if kinds == {bool} or len({v.tzinfo for v in distinct if v is not None}) == 1:
-            text = {v: _copy_field(v) for v in distinct}
-            return list(map(text.__getitem__, values))
+        # value is written once. Times only when all are UTC (as `UTCDateTime` binds them): equal
+        # times of other zones, or of one zone's repeated hour (`fold`), are written differently.
+        text = {v: _copy_field(v) for v in set(values)}
+        return list(map(text.__getitem__, values))
     return list(map(_copy_field, values))
 
 
@@ -394,12 +392,14 @@ def _convert(values: list, process: Callable[[Any], Any]) -> None:
             if value is not None:
                 values[n] = process(value)
         return
-    seen: dict[tuple[type, Any], Any] = {}
+    seen: dict[tuple, Any] = {}
     for n, value in enumerate(values):
         if value is None:
             continue
         try:
-            key = (type(value), value)
+            # A time's offset is part of its key: equal times of one zone's repeated hour (`fold`)
+            # are different instants.
+            key = (type(value), value, value.utcoffset()) if type(value) is datetime else (type(value), value)
             converted = seen.get(key, seen)
             if converted is seen:
                 converted = seen[key] = process(value)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from alembic import command
@@ -236,8 +236,6 @@ def test_values_that_need_escaping_are_stored_as_given(lens_url, new):
 @pytest.mark.parametrize("new", [False, True], ids=["upsert", "new rows"])
 def test_times_and_booleans_many_rows_share_are_stored_as_given(lens_url, new):
     # PostgreSQL's COPY text writes each distinct time and boolean of a column once.
-    from datetime import timezone
-
     from lens_pipeline.store.schema import gpu_pods
 
     engine = get_engine(lens_url)
@@ -275,6 +273,34 @@ def test_times_and_booleans_many_rows_share_are_stored_as_given(lens_url, new):
             row["created_at"],
             T0,
         ), row["uid"]
+
+
+def test_a_column_written_once_per_distinct_value_reads_as_each_value_alone():
+    # Equal times need not be the same text or instant: another zone's twin of a UTC time, and the
+    # two 02:30 of the night Berlin's clocks go back (equal, a fold apart, an hour apart in UTC).
+    from zoneinfo import ZoneInfo
+
+    from dateutil.tz import tzutc
+    from sqlalchemy.dialects import postgresql
+
+    from lens_pipeline.store.schema import gpu_pods
+    from lens_pipeline.store.upsert import _convert, _copy_column, _copy_field
+
+    berlin = datetime(2024, 10, 27, 2, 30, tzinfo=ZoneInfo("Europe/Berlin"))
+    columns = [
+        [T0, T0, None, T0 + timedelta(microseconds=1)],
+        [T0, T0.astimezone(timezone(timedelta(hours=2))), None],
+        [berlin, berlin.replace(fold=1)],
+        [T0, T0.replace(tzinfo=tzutc())],
+        [True, False, None, True],
+    ]
+    for values in columns:
+        assert _copy_column(list(values)) == [_copy_field(v) for v in values], values
+    dialect = postgresql.dialect()
+    process = gpu_pods.c.created_at.type.dialect_impl(dialect).bind_processor(dialect)
+    both = [berlin, berlin.replace(fold=1)]
+    _convert(both, process)
+    assert both == [datetime(2024, 10, 27, 0, 30, tzinfo=UTC), datetime(2024, 10, 27, 1, 30, tzinfo=UTC)]
 
 
 def test_naive_datetimes_are_refused(sqlite_url):
