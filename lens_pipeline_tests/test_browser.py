@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lens_pipeline.defs.run_tags import CODE_LOCATION_TAG, DAGSTER_CODE_LOCATION_TAG
 from lens_pipeline_tests.conftest import skip_unless
 from lens_pipeline_tests.ports import free_port
 
@@ -258,6 +259,9 @@ def test_a_cluster_partition_materialized_from_the_ui_succeeds(demo, browser):
         (run,) = [r for r in runs if r["runId"].startswith(prefix)]
         tags = {t["key"]: t["value"] for t in run["tags"]}
         assert tags.get("dagster/partition") == chosen and run["assetSelection"] == [{"path": ["gpu_nodes"]}]
+        # None of our tags, but Dagster's mark of the code location: what the run queue's limit on
+        # our share and run retention count it by (deploy/helm/values.yaml, defs/fleet/retention.py).
+        assert CODE_LOCATION_TAG not in tags and tags.get(DAGSTER_CODE_LOCATION_TAG) == "lens_pipeline"
         if run["status"] == "SUCCESS":
             break
         assert run["status"] not in ("FAILURE", "CANCELED"), run

@@ -202,8 +202,8 @@ def test_the_kubernetes_objects_in_the_values_are_kubernetes_objects():
 def test_the_daemon_settings_load_into_a_real_instance_as_the_chart_writes_them(tmp_path):
     """The chart's instance template turns dagsterDaemon's run queue, run monitoring and run
     retries, and retention, into dagster.yaml; written the same way, they load into a real
-    DagsterInstance. The queue's limits key on lens/* tags only, and every tag our runs carry
-    for the queue is limited, here and in the demo's instance."""
+    DagsterInstance. The queue's limits key on lens/* tags and on our code location's name only,
+    and every tag our runs carry for the queue is limited, here and in the demo's instance."""
     from dagster import DagsterInstance
 
     daemon, retention = values()["dagsterDaemon"], values()["retention"]
@@ -236,9 +236,13 @@ def test_the_daemon_settings_load_into_a_real_instance_as_the_chart_writes_them(
         assert instance.run_retries_max_retries == 0  # others' runs are not retried: ours say so per run
         assert instance.run_coordinator.get_run_queue_config().tag_concurrency_limits == limits
     keys = {limit["key"] for limit in limits}
-    assert all(key.startswith("lens/") for key in keys)
+    # Our share of the slots counts every run of our code location (the UI's too) by the name
+    # Dagster gives it: the chart's deployment name, not another team's.
+    (share,) = [limit for limit in limits if not limit["key"].startswith("lens/")]
+    assert share["key"] == run_tags.DAGSTER_CODE_LOCATION_TAG
+    assert share["value"] == lens_deployment()["name"]
     assert keys == {
-        run_tags.CODE_LOCATION_TAG,
+        run_tags.DAGSTER_CODE_LOCATION_TAG,
         CLUSTER_TAG,
         BATCH_TAG,
         COLLECTION_TAG,
@@ -246,7 +250,9 @@ def test_the_daemon_settings_load_into_a_real_instance_as_the_chart_writes_them(
         run_tags.HISTORY_TAG,
     }
     demo = yaml.safe_load((DEPLOY.parent / "dagster.yaml").read_text())["concurrency"]["runs"]
-    assert {limit["key"] for limit in demo["tag_concurrency_limits"]} == keys - {run_tags.CODE_LOCATION_TAG}
+    assert {limit["key"] for limit in demo["tag_concurrency_limits"]} == keys - {
+        run_tags.DAGSTER_CODE_LOCATION_TAG
+    }
 
 
 def _chart_container_context(deployment: dict[str, Any], namespace: str) -> dict[str, Any]:

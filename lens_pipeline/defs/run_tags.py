@@ -17,6 +17,11 @@ from lens_pipeline.retry import RUN_RETRIES
 # run slots, and run retention deletes only our runs.
 CODE_LOCATION_TAG = "lens/code-location"
 CODE_LOCATION = "lens_pipeline"
+# Dagster (1.12 and later) tags every run created through a workspace, whoever launched it (a
+# schedule, a sensor, the UI, a backfill), with the name of its code location: the one mark of ours
+# that runs started by hand in the UI carry too. The name is the workspace's (the chart: the
+# user deployment's `name`), not ours to choose.
+DAGSTER_CODE_LOCATION_TAG = "dagster/code_location"
 # Dagster's documented run tags (the public API names no constant for them).
 MAX_RUNTIME_TAG = "dagster/max_runtime"
 MAX_RETRIES_TAG = "dagster/max_retries"

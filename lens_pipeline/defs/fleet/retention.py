@@ -5,8 +5,12 @@ and the Lens history nothing needs any more (superseded snapshots, the device ch
 after `keep_days`. See docs/OPERATIONS.md for the growth.
 
 In a Dagster shared with other code locations, only our runs go: those tagged with
-`lens/code-location` (every run of our jobs and sensors); the others' are their owners' to keep."""
+`lens/code-location` (every run of our jobs and sensors), and those Dagster tagged with this code
+location's name (`dagster/code_location`, which Dagster 1.12 and later gives every run launched
+through a workspace: a materialization or backfill started in the UI carries no tag of ours). The
+others' are their owners' to keep."""
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from dagster import (
@@ -24,7 +28,12 @@ from pydantic import Field
 
 from lens_pipeline.defs.partitions import FINISHED_STATUSES
 from lens_pipeline.defs.resources import LensDatabase
-from lens_pipeline.defs.run_tags import CODE_LOCATION, CODE_LOCATION_TAG, RETENTION_RUN_TAGS
+from lens_pipeline.defs.run_tags import (
+    CODE_LOCATION,
+    CODE_LOCATION_TAG,
+    DAGSTER_CODE_LOCATION_TAG,
+    RETENTION_RUN_TAGS,
+)
 from lens_pipeline.store.history import prune_history
 
 
@@ -33,26 +42,32 @@ class RetentionConfig(Config):
     max_deletions: int = Field(default=20_000, ge=1, description="at most this many per run (catch-up)")
 
 
+def our_runs(run_tags: Mapping[str, str]) -> list[dict[str, str]]:
+    """The run tags that mark a run as ours, each alone enough: our own tag, and the code location
+    Dagster named the run that asks (absent from a run executed in process, as in tests)."""
+    marks = [{CODE_LOCATION_TAG: CODE_LOCATION}]
+    if run_tags.get(DAGSTER_CODE_LOCATION_TAG):
+        marks.append({DAGSTER_CODE_LOCATION_TAG: run_tags[DAGSTER_CODE_LOCATION_TAG]})
+    return marks
+
+
 @op(description="Delete this code location's finished runs, and their event logs, older than `keep_hours`.")
 def delete_old_runs(context: OpExecutionContext, config: RetentionConfig) -> Output[int]:
     before = datetime.now(UTC) - timedelta(hours=config.keep_hours)
     deleted = 0
-    while deleted < config.max_deletions:
-        records = context.instance.get_run_records(
-            RunsFilter(
-                statuses=list(FINISHED_STATUSES),
-                updated_before=before,
-                tags={CODE_LOCATION_TAG: CODE_LOCATION},
-            ),
-            limit=min(500, config.max_deletions - deleted),
-            ascending=True,
-        )
-        records = [r for r in records if r.dagster_run.run_id != context.run_id]
-        if not records:
-            break
-        for record in records:
-            context.instance.delete_run(record.dagster_run.run_id)
-        deleted += len(records)
+    for mark in our_runs(context.run.tags):
+        while deleted < config.max_deletions:
+            records = context.instance.get_run_records(
+                RunsFilter(statuses=list(FINISHED_STATUSES), updated_before=before, tags=mark),
+                limit=min(500, config.max_deletions - deleted),
+                ascending=True,
+            )
+            records = [r for r in records if r.dagster_run.run_id != context.run_id]
+            if not records:
+                break
+            for record in records:
+                context.instance.delete_run(record.dagster_run.run_id)
+            deleted += len(records)
     context.log.info(f"deleted {deleted} runs finished before {before.isoformat()}")
     return Output(deleted, metadata={"deleted_runs": deleted, "finished_before": before.isoformat()})
 
