@@ -352,7 +352,7 @@ def test_mysql_literals_are_the_drivers_own_and_long_batches_are_split(mysql_url
                 "NULL" if v is None else escape(v) for v in values
             ], values
     monkeypatch.setattr(pymysql.cursors.Cursor, "max_stmt_length", 4096)
-    # (A NUL in a JSON document comes back from MariaDB as U+FFFD, whoever writes it: not here.)
+    # (A NUL in a JSON document is stored as U+FFFD on every database: store/db.py's `json_text`.)
     rows = [
         _node(f"n{i:03d}", status=name, labels={"k": name.replace("\x00", "0")})
         for i, name in enumerate(names * 3)
