@@ -4,7 +4,8 @@ runs in, per run, so that nothing of ours applies to other code locations' runs.
 A shared Dagster (the official Helm chart with many code locations) has one instance config; the
 run monitoring limit, the run retries and the Kubernetes settings of our runs are therefore tags on
 our jobs (Dagster's `dagster/max_runtime` and `dagster/max_retries`, dagster-k8s's
-`dagster-k8s/config`), and the run queue's limits key on `lens/*` tags only (deploy/helm/).
+`dagster-k8s/config`), and the run queue's limits key on `lens/*` tags and on our code location's
+name only (deploy/helm/).
 """
 
 import json
@@ -13,8 +14,8 @@ from typing import Any
 
 from lens_pipeline.retry import RUN_RETRIES
 
-# Every run of this code location carries it: the run queue can bound our share of the instance's
-# run slots, and run retention deletes only our runs.
+# Every run of our jobs and sensors carries it: run retention deletes only our runs (with Dagster's
+# code location tag below, which also bounds our share of the instance's run slots).
 CODE_LOCATION_TAG = "lens/code-location"
 CODE_LOCATION = "lens_pipeline"
 # Dagster (1.12 and later) tags every run created through a workspace, whoever launched it (a

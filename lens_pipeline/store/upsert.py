@@ -269,8 +269,8 @@ def _copy_column(values: list) -> list[str]:
 
 
 def _insert_as_literals(cursor: Any, sql: str, batch: list[tuple]) -> None:
-    """PyMySQL: what its `executemany` does with a multi-row INSERT (the rows as literals in its
-    VALUES, in statements of at most the cursor's `max_stmt_length` bytes), with each column's
+    """PyMySQL: the statements its `executemany` sends for a multi-row INSERT (the rows as literals
+    in its VALUES, in statements of at most the cursor's `max_stmt_length` bytes), with each column's
     literals written by `_literal_column`: the driver's own `escape` of a value, a string at a time
     with `str.translate`, was a quarter of a first run's collector CPU into MariaDB. A server in
     NO_BACKSLASH_ESCAPES mode quotes strings otherwise: the driver writes those rows itself."""
@@ -283,13 +283,15 @@ def _insert_as_literals(cursor: Any, sql: str, batch: list[tuple]) -> None:
         cursor.executemany(sql, batch)
         return
     encoding = connection.encoding
-    # As the driver splits it: `%%` in the statement's own text is `%` once no parameter is left.
+    # As the driver splits it: `%%` in the statement's own text is `%` once no parameter is left,
+    # and each row is the VALUES template filled in.
     prefix = (parts.group(1) % ()).encode(encoding)
+    template = parts.group(2).rstrip()
     postfix = ((parts.group(3) or "") % ()).encode(encoding)
     columns = [_literal_column(list(values), connection.escape) for values in zip(*batch, strict=True)]
     statement = bytearray(prefix)
     for literals in zip(*columns, strict=True):
-        row = f"({','.join(literals)})".encode(encoding)
+        row = (template % literals).encode(encoding)
         if len(statement) > len(prefix):
             if len(statement) + len(row) + len(postfix) + 1 > cursor.max_stmt_length:
                 cursor.execute(bytes(statement + postfix))
@@ -312,10 +314,14 @@ _MYSQL_ESCAPES = (
 )
 
 
+# Types whose equal values the driver writes alike (unlike 0.0 and -0.0, or Decimal 1.0 and 1.00).
+_WRITTEN_ALIKE = (bool, bytes, type(None))
+
+
 def _literal_column(values: list, escape: Callable[[Any], str]) -> list[str]:
     """A column's values as MySQL literals, each as the driver's `escape` writes it: strings
-    escaped with chained `replace`, integers (not booleans) with `str`, and any other value through
-    `escape`, once per distinct value (many rows share a run's `now`)."""
+    escaped with chained `replace`, integers (not booleans) with `str`, times and booleans once
+    per distinct value (many rows share a run's `now`), any other value through `escape`."""
     kinds = set(map(type, values))
     kinds.discard(type(None))
     if kinds <= {str}:
@@ -328,13 +334,17 @@ def _literal_column(values: list, escape: Callable[[Any], str]) -> list[str]:
     seen: dict[tuple, str] = {}
     literals = []
     for value in values:
-        try:
-            key = (type(value), value, value.utcoffset()) if type(value) is datetime else (type(value), value)
-            literal = seen.get(key)
-            if literal is None:
-                literal = seen[key] = "NULL" if value is None else escape(value)
-        except TypeError:  # unhashable
-            literal = escape(value)
+        if type(value) is datetime:
+            # Its offset is part of the key: equal times of two zones are written apart.
+            key: tuple = (datetime, value, value.utcoffset())
+        elif type(value) in _WRITTEN_ALIKE:
+            key = (type(value), value)
+        else:
+            literals.append(escape(value))
+            continue
+        literal = seen.get(key)
+        if literal is None:
+            literal = seen[key] = "NULL" if value is None else escape(value)
         literals.append(literal)
     return literals
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 
 import pytest
 from alembic import command
@@ -325,42 +326,77 @@ def mysql_url() -> Iterator[str]:
     yield from _server_database("mysql", "lens")
 
 
-def test_mysql_literals_are_the_drivers_own_and_long_batches_are_split(mysql_url, monkeypatch):
-    # Rows go to MySQL as literals we write (`_literal_column`), each what PyMySQL's own `escape`
-    # writes; a NUL, which PostgreSQL's text cannot hold, goes too. A batch longer than the
-    # driver's statement limit is split across statements as its `executemany` splits it.
-    import pymysql.cursors
+MYSQL_AWKWARD = [*filter(None, AWKWARD), "nul\x00byte", "\x00\\\x1a\r\n'\"", "ünï'cøde\\"]
 
+
+def test_mysql_literals_are_the_drivers_own(mysql_url):
+    # Rows go to MySQL as literals we write (`_literal_column`), each what PyMySQL's own `escape`
+    # writes, with times, booleans and bytes written once per distinct value (equal times of two
+    # zones apart); a NUL, which PostgreSQL's text cannot hold, goes too.
     from lens_pipeline.store.upsert import _literal_column
 
     engine = get_engine(mysql_url)
-    ensure_schema(engine, "lens")
-    names = [*filter(None, AWKWARD), "nul\x00byte", "\x00\\\x1a\r\n'\"", "ünï'cøde\\"]
     with engine.connect() as conn:
         escape = conn.connection.dbapi_connection.escape
         columns = [
-            names,
-            [*names, None],
+            MYSQL_AWKWARD,
+            [*MYSQL_AWKWARD, None],
             [1, None, -(2**40)],
             [True, False, None, True],
             [T0, T0, None, T0 + timedelta(microseconds=1), T0.astimezone(timezone(timedelta(hours=2)))],
-            [1.5, 1.5, 2.0, None, 1e-300],
-            [b"\x00\x01'", None],
+            [1.5, 1.5, 2.0, None, 1e-300, 0.0, -0.0],
+            [b"\x00\x01'", None, b"\x00\x01'"],
+            [Decimal("1.0"), Decimal("1.00"), 1],
         ]
         for values in columns:
             assert _literal_column(list(values), escape) == [
                 "NULL" if v is None else escape(v) for v in values
             ], values
-    monkeypatch.setattr(pymysql.cursors.Cursor, "max_stmt_length", 4096)
+
+
+@pytest.mark.parametrize("mode", ["", "NO_BACKSLASH_ESCAPES"])
+def test_mysql_statements_are_the_ones_the_driver_sends(mysql_url, monkeypatch, mode):
+    # Byte for byte what PyMySQL's `executemany` sends for the same rows, split across statements
+    # of at most its `max_stmt_length` where it splits them (a row over the limit alone in its own);
+    # on a server quoting without backslashes, the driver's own statements. Stored as given.
+    import pymysql.cursors
+
+    from lens_pipeline.store.upsert import _columns_of, _driver_values, _insert_as_literals, _upsert_sql
+
+    engine = get_engine(mysql_url)
+    ensure_schema(engine, "lens")
+    monkeypatch.setattr(pymysql.cursors.Cursor, "max_stmt_length", 1024)
     # (A NUL in a JSON document is stored as U+FFFD on every database: store/db.py's `json_text`.)
     rows = [
         _node(f"n{i:03d}", status=name, labels={"k": name.replace("\x00", "0")})
-        for i, name in enumerate(names * 3)
+        for i, name in enumerate(MYSQL_AWKWARD * 3)
     ]
-    rows.append(_node("long", labels={"k": "'" * 5000}))  # over the limit alone: a statement of its own
-    with write_transaction(engine) as conn:
-        bulk_upsert(conn, node, rows)
+    rows.append(_node("long", labels={"k": "x" * 5000}))  # over the limit alone
+    sent: list[bytes] = []
+    execute = pymysql.cursors.Cursor.execute
+
+    def spy(cursor, query, args=None):
+        if args is None and bytes(query[:6]).upper() == b"INSERT":
+            sent.append(bytes(query))
+        return execute(cursor, query, args)
+
+    monkeypatch.setattr(pymysql.cursors.Cursor, "execute", spy)
     with engine.connect() as conn:
+        if mode:
+            conn.exec_driver_sql(f"SET SESSION sql_mode = CONCAT(@@sql_mode, ',{mode}')")
+        key = logical_key(node)
+        columns = _columns_of(node, rows, key)
+        updated = [c for c in columns if c not in key and c not in ("id", "created_at")]
+        sql = _upsert_sql(conn.dialect, node, columns, key, updated)
+        batch = _driver_values(conn.dialect, node, columns, rows)
+        cursor = conn.connection.dbapi_connection.cursor()
+        _insert_as_literals(cursor, sql, batch)
+        ours = sent[:]
+        sent.clear()
+        cursor.executemany(sql, batch)
+        assert ours == sent and len(ours) > 5
+        assert all(len(statement) <= 1024 for statement in ours if b"x" * 5000 not in statement)
+        conn.commit()
         stored = {r.name: (r.status, r.labels) for r in conn.execute(select(node)).all()}
     assert stored == {row["name"]: (row["status"], row["labels"]) for row in rows}
 
