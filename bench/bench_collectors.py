@@ -38,7 +38,7 @@ import orjson
 import psutil
 import urllib3
 import yaml
-from measure import machine_busy_seconds, peak_rss_mib, postgres_cpu_seconds, process_cpu_seconds
+from measure import database_cpu_seconds, machine_busy_seconds, peak_rss_mib, process_cpu_seconds
 
 CORES = psutil.cpu_count() or 1
 ALL = ("gpu_nodes", "gpu_pods", "gpu_workloads", "gpu_devices", "storage_backends")
@@ -362,7 +362,10 @@ def run(
                 requests_seen(base, reset=True)
             started = time.perf_counter()
             cpu_before = _cpu_seconds()
-            others_before = _others_cpu(simulator_pids)
+            # The database server's CPU (SQLite's is the collector's own).
+            dialect = url.split(":")[0].split("+")[0]
+            server = {"postgresql": "PostgreSQL", "mysql": "MariaDB/MySQL", "mariadb": "MariaDB"}.get(dialect)
+            others_before = _others_cpu(simulator_pids, dialect)
             result = materialize(
                 [cluster_assets],
                 selection=[AssetKey(name) for name in asset_names],
@@ -378,7 +381,7 @@ def run(
             cpu = _cpu_seconds() - cpu_before
             simulator_cpu, database_cpu, machine_busy = (
                 after - before
-                for after, before in zip(_others_cpu(simulator_pids), others_before, strict=True)
+                for after, before in zip(_others_cpu(simulator_pids, dialect), others_before, strict=True)
             )
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             rows = {}
@@ -407,7 +410,8 @@ def run(
                 else ""
             )
             print(
-                f"    cpu of the simulator(s) {simulator_cpu:.2f} s, of PostgreSQL {database_cpu:.2f} s{watched}; "
+                f"    cpu of the simulator(s) {simulator_cpu:.2f} s"
+                f"{f', of {server} {database_cpu:.2f} s' if server else ''}{watched}; "
                 f"machine busy {machine_busy:.2f} s of {CORES * wall:.2f} core-seconds ({CORES} cores)"
             )
             print(f"    requests: {json.dumps(counts)}")
@@ -439,11 +443,11 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _others_cpu(simulator_pids: list[int]) -> tuple[float, float, float]:
-    """CPU seconds of the simulators and of PostgreSQL so far, and the whole machine's busy seconds:
-    on a small machine they compete with the collectors for the same cores."""
+def _others_cpu(simulator_pids: list[int], dialect: str) -> tuple[float, float, float]:
+    """CPU seconds of the simulators and of the local server of `dialect` so far, and the whole
+    machine's busy seconds: on a small machine they compete with the collectors for the same cores."""
     simulators = sum(map(process_cpu_seconds, simulator_pids))
-    return simulators, postgres_cpu_seconds(), machine_busy_seconds()
+    return simulators, database_cpu_seconds(dialect), machine_busy_seconds()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from measure import machine_busy_seconds, postgres_cpu_seconds, process_cpu_seconds  # noqa: E402
+from measure import database_cpu_seconds, machine_busy_seconds, process_cpu_seconds  # noqa: E402
 
 from lens_pipeline.sim import node_agent as agent  # noqa: E402
 from lens_pipeline_tests.ingest.support import gpu_container  # noqa: E402
@@ -96,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         _wait_healthy(grpc_port, server_output, args.workers)
         server_cpu0, machine_busy0 = process_cpu_seconds(server.pid), machine_busy_seconds()
-        database_cpu0, began = postgres_cpu_seconds(), time.monotonic()
+        database_cpu0, began = database_cpu_seconds("postgresql"), time.monotonic()
         command = [
             sys.executable,
             __file__,
@@ -117,7 +117,7 @@ def _run(args: argparse.Namespace) -> int:
         reports = [json.loads(c.communicate()[0]) for c in clients]
         server_cpu = process_cpu_seconds(server.pid) - server_cpu0
         machine_busy = machine_busy_seconds() - machine_busy0
-        database_cpu, span = postgres_cpu_seconds() - database_cpu0, time.monotonic() - began
+        database_cpu, span = database_cpu_seconds("postgresql") - database_cpu0, time.monotonic() - began
         logged, segments = _count_log(database_url) if not args.floor else (0, 0)
     finally:
         server.terminate()

@@ -23,11 +23,16 @@ def machine_busy_seconds() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
-def postgres_cpu_seconds() -> float:
-    """User + system CPU of the local PostgreSQL server's processes (0 without one)."""
+# The local database servers' process names, by SQLAlchemy dialect (SQLite's is in-process).
+SERVER_PROCESSES = {"postgresql": {"postgres"}, "mysql": {"mariadbd", "mysqld"}, "mariadb": {"mariadbd"}}
+
+
+def database_cpu_seconds(dialect: str) -> float:
+    """User + system CPU of the local database server's processes for `dialect` (0 without one)."""
+    names = SERVER_PROCESSES.get(dialect, set())
     total = 0.0
     for process in psutil.process_iter(["name", "cpu_times"]):
-        if process.info["name"] == "postgres" and process.info["cpu_times"] is not None:
+        if process.info["name"] in names and process.info["cpu_times"] is not None:
             total += sum(process.info["cpu_times"][:2])
     return total
 
