@@ -5,10 +5,10 @@ DUPLICATE KEY UPDATE` (MySQL/MariaDB) per batch. `sync_snapshot` compares what a
 with what is stored for the cluster and writes only the difference, so a run with no change
 writes no row, and it says what happened to rows that vanished.
 
-Rows go to the driver directly (multi-row VALUES on PostgreSQL and MySQL, `executemany` on
-SQLite), converted by each column's own SQLAlchemy bind processor: at 150k pods, SQLAlchemy's
-per-row parameter processing and psycopg2's one-statement-per-row `executemany` were most of a
-first run's time.
+Rows go to the driver directly (COPY text on PostgreSQL, multi-row VALUES whose literals we write
+on MySQL with PyMySQL, `executemany` on SQLite), converted by each column's own SQLAlchemy bind
+processor: at 150k pods, SQLAlchemy's per-row parameter processing and psycopg2's
+one-statement-per-row `executemany` were most of a first run's time.
 """
 
 from __future__ import annotations
