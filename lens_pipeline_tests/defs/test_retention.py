@@ -66,3 +66,23 @@ def test_runs_launched_in_the_ui_go_by_dagsters_code_location_tag():
         )
         assert pruned.success and pruned.output_for_node("delete_old_runs") == 3  # 2 + the first pruning
         assert {r.run_id for r in instance.get_runs()} == {pruned.run_id, theirs}
+
+
+def test_the_deletion_bound_holds_across_both_marks():
+    """`max_deletions` bounds a run's deletions whichever mark found them: a catch-up after a long
+    stop goes in bounded runs, the rest at the next hour."""
+    location = "lens-pipeline"
+    with instance_for_test() as instance:
+        for tags in [{CODE_LOCATION_TAG: CODE_LOCATION}] * 2 + [{DAGSTER_CODE_LOCATION_TAG: location}] * 3:
+            materialize([tiny], instance=instance, tags=tags)
+        config = {"ops": {"delete_old_runs": {"config": {"keep_hours": 0, "max_deletions": 3}}}}
+        first = prune_run_history.execute_in_process(
+            instance=instance, run_config=config, tags={DAGSTER_CODE_LOCATION_TAG: location}
+        )
+        assert first.output_for_node("delete_old_runs") == 3
+        assert len(instance.get_runs()) == 3  # two of the five, and the pruning run
+        second = prune_run_history.execute_in_process(
+            instance=instance, run_config=config, tags={DAGSTER_CODE_LOCATION_TAG: location}
+        )
+        assert second.output_for_node("delete_old_runs") == 3  # the two, and the first pruning run
+        assert [r.run_id for r in instance.get_runs()] == [second.run_id]
