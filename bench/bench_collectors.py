@@ -38,7 +38,13 @@ import orjson
 import psutil
 import urllib3
 import yaml
-from measure import database_cpu_seconds, machine_busy_seconds, peak_rss_mib, process_cpu_seconds
+from measure import (
+    DATABASE_SERVERS,
+    database_cpu_seconds,
+    machine_busy_seconds,
+    peak_rss_mib,
+    process_cpu_seconds,
+)
 
 CORES = psutil.cpu_count() or 1
 ALL = ("gpu_nodes", "gpu_pods", "gpu_workloads", "gpu_devices", "storage_backends")
@@ -364,7 +370,7 @@ def run(
             cpu_before = _cpu_seconds()
             # The database server's CPU (SQLite's is the collector's own).
             dialect = url.split(":")[0].split("+")[0]
-            server = {"postgresql": "PostgreSQL", "mysql": "MariaDB/MySQL", "mariadb": "MariaDB"}.get(dialect)
+            server = DATABASE_SERVERS.get(dialect, (None,))[0]
             others_before = _others_cpu(simulator_pids, dialect)
             result = materialize(
                 [cluster_assets],

@@ -23,13 +23,18 @@ def machine_busy_seconds() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
-# The local database servers' process names, by SQLAlchemy dialect (SQLite's is in-process).
-SERVER_PROCESSES = {"postgresql": {"postgres"}, "mysql": {"mariadbd", "mysqld"}, "mariadb": {"mariadbd"}}
+# The local database server of each SQLAlchemy dialect: its name and its processes' names
+# (SQLite has none: it runs in the writer's process).
+DATABASE_SERVERS = {
+    "postgresql": ("PostgreSQL", {"postgres"}),
+    "mysql": ("MariaDB/MySQL", {"mariadbd", "mysqld"}),
+    "mariadb": ("MariaDB", {"mariadbd"}),
+}
 
 
 def database_cpu_seconds(dialect: str) -> float:
     """User + system CPU of the local database server's processes for `dialect` (0 without one)."""
-    names = SERVER_PROCESSES.get(dialect, set())
+    names = DATABASE_SERVERS.get(dialect, ("", set()))[1]
     total = 0.0
     for process in psutil.process_iter(["name", "cpu_times"]):
         if process.info["name"] in names and process.info["cpu_times"] is not None:

@@ -334,14 +334,10 @@ def _literal_column(values: list, escape: Callable[[Any], str]) -> list[str]:
     seen: dict[tuple, str] = {}
     literals = []
     for value in values:
-        if type(value) is datetime:
-            # Its offset is part of the key: equal times of two zones are written apart.
-            key: tuple = (datetime, value, value.utcoffset())
-        elif type(value) in _WRITTEN_ALIKE:
-            key = (type(value), value)
-        else:
+        if type(value) is not datetime and type(value) not in _WRITTEN_ALIKE:
             literals.append(escape(value))
             continue
+        key = _memo_key(value)  # equal times of two zones are written apart
         literal = seen.get(key)
         if literal is None:
             literal = seen[key] = "NULL" if value is None else escape(value)
@@ -473,6 +469,13 @@ def _driver_columns(
     return by_column
 
 
+def _memo_key(value: Any) -> tuple:
+    """What tells a value apart from another when each distinct one is converted once: its type
+    (True, 1 and 1.0 stay apart) and, for a time, its offset (equal times of two zones, or of one
+    zone's repeated hour, `fold`, are different text or instants)."""
+    return (datetime, value, value.utcoffset()) if type(value) is datetime else (type(value), value)
+
+
 def _convert(values: list, process: Callable[[Any], Any]) -> None:
     # Many rows share a value (a run's `now`, a phase): convert each distinct hashable one once.
     # The type is part of the key, so that True, 1 and 1.0 stay apart.
@@ -488,9 +491,7 @@ def _convert(values: list, process: Callable[[Any], Any]) -> None:
         if value is None:
             continue
         try:
-            # A time's offset is part of its key: equal times of one zone's repeated hour (`fold`)
-            # are different instants.
-            key = (type(value), value, value.utcoffset()) if type(value) is datetime else (type(value), value)
+            key = _memo_key(value)
             converted = seen.get(key, seen)
             if converted is seen:
                 converted = seen[key] = process(value)
