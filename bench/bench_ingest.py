@@ -34,7 +34,12 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from measure import database_cpu_seconds, machine_busy_seconds, process_cpu_seconds  # noqa: E402
+from measure import (  # noqa: E402
+    children_cpu_seconds,
+    database_cpu_seconds,
+    machine_busy_seconds,
+    process_cpu_seconds,
+)
 
 from lens_pipeline.sim import node_agent as agent  # noqa: E402
 from lens_pipeline_tests.ingest.support import gpu_container  # noqa: E402
@@ -60,6 +65,13 @@ def main() -> int:
         "--event-ids", action="store_true", help="events carry an event_id (agents of the batch method)"
     )
     parser.add_argument("--workers", type=int, default=1, help="`lens ingest --workers N`")
+    parser.add_argument(
+        "--shared-connection",
+        action="store_true",
+        help="a client process's streams share one connection (HTTP/2 streams); by default each "
+        "stream is an agent with its own connection, as agents on different nodes are. With "
+        "`--workers`, the kernel spreads connections, not streams, over the workers",
+    )
     parser.add_argument(
         "--floor",
         choices=("transport", "parse"),
@@ -96,6 +108,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         _wait_healthy(grpc_port, server_output, args.workers)
         server_cpu0, machine_busy0 = process_cpu_seconds(server.pid), machine_busy_seconds()
+        worker_cpu0 = children_cpu_seconds(server.pid)
         database_cpu0, began = database_cpu_seconds("postgresql"), time.monotonic()
         command = [
             sys.executable,
@@ -110,12 +123,16 @@ def _run(args: argparse.Namespace) -> int:
         command += ["--streams", str(args.streams), "--window", str(args.window)]
         command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup), "--rate", str(args.rate)]
         command += ["--event-ids"] if args.event_ids else []
+        command += ["--shared-connection"] if args.shared_connection else []
         clients = [
             subprocess.Popen([*command, "--client", str(index)], stdout=subprocess.PIPE, text=True)
             for index in range(args.clients)
         ]
         reports = [json.loads(c.communicate()[0]) for c in clients]
         server_cpu = process_cpu_seconds(server.pid) - server_cpu0
+        worker_cpu = {
+            pid: cpu - worker_cpu0.get(pid, 0.0) for pid, cpu in children_cpu_seconds(server.pid).items()
+        }
         machine_busy = machine_busy_seconds() - machine_busy0
         database_cpu, span = database_cpu_seconds("postgresql") - database_cpu0, time.monotonic() - began
         logged, segments = _count_log(database_url) if not args.floor else (0, 0)
@@ -157,6 +174,9 @@ def _run(args: argparse.Namespace) -> int:
     client_cpu = sum(r["cpu_seconds"] for r in reports)
     total = args.seconds + args.warmup
     print(f"CPU: server {server_cpu:.1f} s, clients {client_cpu:.1f} s over {total:.0f} s wall")
+    if len(worker_cpu) > 1:  # the kernel spreads connections over the workers: how evenly it did
+        shares = ", ".join(f"{cpu:.1f}" for cpu in sorted(worker_cpu.values(), reverse=True))
+        print(f"CPU of each worker: {shares} s")
     print(
         f"machine: {os.cpu_count()} cores busy {machine_busy:.1f} of {span * (os.cpu_count() or 1):.1f} core-seconds "
         f"from server start to the end; local PostgreSQL processes {database_cpu:.1f} s (any database's)"
@@ -176,11 +196,17 @@ async def _client(args: argparse.Namespace) -> dict:
     start = time.monotonic()
     measure_from, deadline = start + args.warmup, start + args.warmup + args.seconds
     cpu0 = time.process_time()
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{args.port}") as channel:
+    target = f"127.0.0.1:{args.port}"
+    # A channel per agent, each on its own connection (a local subchannel pool: channels of one
+    # process to one target otherwise share theirs), unless --shared-connection.
+    options = [] if args.shared_connection else [("grpc.use_local_subchannel_pool", 1)]
+    shared = grpc.aio.insecure_channel(target) if args.shared_connection else None
+    channels = [shared or grpc.aio.insecure_channel(target, options=options) for _ in range(args.streams)]
+    try:
         results = await asyncio.gather(
             *(
                 _stream(
-                    channel,
+                    channels[k],
                     method,
                     head,
                     tail,
@@ -196,6 +222,9 @@ async def _client(args: argparse.Namespace) -> dict:
                 for k in range(args.streams)
             )
         )
+    finally:
+        for channel in {id(c): c for c in channels}.values():
+            await channel.close()
     return {
         "acked": sum(r[0] for r in results),
         "measured_events": sum(r[1] for r in results),

@@ -17,6 +17,11 @@ def process_cpu_seconds(pid: int) -> float:
     return sum(sum(p.cpu_times()[:2]) for p in (parent, *parent.children(recursive=True)))
 
 
+def children_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU of each direct child of a process (a supervisor's workers), by pid."""
+    return {child.pid: sum(child.cpu_times()[:2]) for child in psutil.Process(pid).children()}
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds the whole machine spent busy (all cores, not idle, not waiting for I/O)."""
     times = psutil.cpu_times()
