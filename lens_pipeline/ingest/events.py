@@ -100,7 +100,7 @@ def from_grpc(raw: bytes, origin: Origin, received_at: Any, max_bytes: int = DEF
     _check_ids(event.type, event.container_id, event.node)
     if not event.HasField("data"):
         raise Refused("missing_data", f"event {event.type!r} of container {event.container_id!r} has no data")
-    shape = _pb_shape(event.data, origin.source)
+    gpus = _pb_shape(event.data, origin.source)
     cluster = _cluster(event.cluster if event.HasField("cluster") else "", origin)
     event_id = _event_id(event.event_id if event.HasField("event_id") else "")
     content = b"" if event_id else event.data.SerializeToString(deterministic=True)
@@ -111,7 +111,7 @@ def from_grpc(raw: bytes, origin: Origin, received_at: Any, max_bytes: int = DEF
         event.container_id,
         event.node,
         event_id,
-        shape,
+        gpus,
         content,
         raw,
         "event",
@@ -146,7 +146,7 @@ def from_json(event: Any, origin: Origin, received_at: Any, max_bytes: int = DEF
             "oversized", f"event data of {len(payload)} bytes is over the limit of {max_bytes} bytes"
         )
     origin = Origin(source, origin.token_cluster, origin.default_cluster, origin.node)
-    shape = _json_shape(data, source)
+    gpus = _json_shape(data, source)
     cluster = _cluster(event.get("cluster") or "", origin)
     event_id = _event_id(event.get("event_id") or "")
     return _row(
@@ -156,7 +156,7 @@ def from_json(event: Any, origin: Origin, received_at: Any, max_bytes: int = DEF
         event["container_id"],
         event["node"],
         event_id,
-        shape,
+        gpus,
         payload,
         payload,
         "json",
@@ -222,10 +222,19 @@ def _cluster(named: str, origin: Origin) -> str:
             )
         return origin.token_cluster
     cluster = named or origin.default_cluster
-    problem = validate_cluster_name(cluster)
-    if problem:
-        raise Refused("bad_cluster", f"cluster name {problem}")
+    if cluster not in _VALID_CLUSTERS:
+        problem = validate_cluster_name(cluster)
+        if problem:
+            raise Refused("bad_cluster", f"cluster name {problem}")
+        if len(_VALID_CLUSTERS) < MAX_REMEMBERED_CLUSTERS:
+            _VALID_CLUSTERS.add(cluster)
     return cluster
+
+
+# Cluster names found valid, so that each event of a stream does not match its name again (bounded:
+# names come from the agents).
+_VALID_CLUSTERS: set[str] = set()
+MAX_REMEMBERED_CLUSTERS = 10_000
 
 
 def _event_id(event_id: str) -> str | None:
@@ -246,11 +255,6 @@ def _check_value(key: str, kind: str, value: Any) -> None:
         )
 
 
-@dataclass(frozen=True)
-class _Shape:
-    gpus: int
-
-
 # The same expectations as the protobuf `Value` member each field must be set in (or null_value).
 _PB_EXPECTED = {
     source: tuple((key, f"{kind}_value") for key, kind in fields.items())
@@ -259,18 +263,20 @@ _PB_EXPECTED = {
 _PB_NULL = (None, "null_value")
 
 
-def _pb_shape(data: Any, source: str) -> _Shape:
-    """Check the Struct's fields the asset reads; count GPU devices (no GPU: the original ignored it).
+def _pb_shape(data: Any, source: str) -> int:
+    """Check the Struct's fields the asset reads; the number of GPU devices (no GPU: the original
+    ignored the event).
 
-    Every event of every stream passes here: each field is looked at once, and only the values a
-    check reads (text for NUL, the creation time) are converted to Python."""
+    Every event of every stream passes here: each field is looked up once, asked whether it holds
+    the expected member (the kind it does hold is asked only to say what is wrong), and only the
+    values a check reads (text for NUL, the creation time) are converted to Python."""
     fields = data.fields
     for key, member in _PB_EXPECTED[source]:
         if key not in fields:
             continue
         value = fields[key]
-        found = value.WhichOneof("kind")
-        if found != member:
+        if not value.HasField(member):
+            found = value.WhichOneof("kind")
             if found in _PB_NULL:
                 continue
             raise Refused(
@@ -285,27 +291,30 @@ def _pb_shape(data: Any, source: str) -> _Shape:
     if source == "docker":
         devices = fields["Devices"].list_value.values if "Devices" in fields else ()
         _pb_objects(devices, "data.Devices")
-        return _Shape(gpus=len(devices))
+        return len(devices)
+    if "devices" not in fields:
+        return 0
     gpus = 0
-    lists = fields["devices"].struct_value.fields if "devices" in fields else {}
+    lists = fields["devices"].struct_value.fields
     for name in _DEVICE_LISTS[source]:
         if name not in lists:
             continue
         value = lists[name]
-        kind = value.WhichOneof("kind")
-        if kind in _PB_NULL:
-            continue
-        if kind != "list_value":
+        if not value.HasField("list_value"):
+            if value.WhichOneof("kind") in _PB_NULL:
+                continue
             raise Refused("malformed_data", f"data.devices.{name} must be a list of devices")
-        _pb_objects(value.list_value.values, f"data.devices.{name}")
+        values = value.list_value.values
+        _pb_objects(values, f"data.devices.{name}")
         if name == "gpu":
-            gpus = len(value.list_value.values)
-    return _Shape(gpus=gpus)
+            gpus = len(values)
+    return gpus
 
 
 def _pb_objects(values: Any, where: str) -> None:
-    for index, item in enumerate(values):
-        if item.WhichOneof("kind") != "struct_value":
+    for item in values:
+        if not item.HasField("struct_value"):
+            index = next(i for i, value in enumerate(values) if not value.HasField("struct_value"))
             raise Refused("malformed_data", f"{where}[{index}] must be an object")
 
 
@@ -325,7 +334,8 @@ def _json_kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _json_shape(data: Mapping[str, Any], source: str) -> _Shape:
+def _json_shape(data: Mapping[str, Any], source: str) -> int:
+    """`_pb_shape` for an event's JSON `data`."""
     expected = _K8S_FIELDS if source == "k8s" else _DOCKER_FIELDS
     for key, kind in expected.items():
         if key in data:
@@ -338,7 +348,7 @@ def _json_shape(data: Mapping[str, Any], source: str) -> _Shape:
         for index, device in enumerate(devices):
             if not isinstance(device, Mapping):
                 raise Refused("malformed_data", f"data.Devices[{index}] must be an object")
-        return _Shape(gpus=len(devices))
+        return len(devices)
     gpus = 0
     lists = data.get("devices") or {}
     for name in _DEVICE_LISTS[source]:
@@ -352,7 +362,7 @@ def _json_shape(data: Mapping[str, Any], source: str) -> _Shape:
                 raise Refused("malformed_data", f"data.devices.{name}[{index}] must be an object")
         if name == "gpu":
             gpus = len(value)
-    return _Shape(gpus=gpus)
+    return gpus
 
 
 def event_key(
@@ -376,7 +386,7 @@ def _row(
     container_id: str,
     node: str,
     event_id: str | None,
-    shape: _Shape,
+    gpus: int,
     content: bytes,
     payload: bytes,
     payload_format: str,
@@ -391,7 +401,7 @@ def _row(
         "node_name": node or origin.node,
         "event_id": event_id,
         # The original ignored k8s events without GPUs, except (later) snapshots (spec §2.1, §2.2).
-        "needs_processing": origin.source == "docker" or event_type == SNAPSHOT or shape.gpus > 0,
+        "needs_processing": origin.source == "docker" or event_type == SNAPSHOT or gpus > 0,
         "payload": payload,
         "payload_format": payload_format,
         "received_at": received_at,

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -85,9 +86,10 @@ def append_events(conn: Connection, rows: Sequence[dict], quarantined: list | No
     transaction: it never holds back the others, nor is it retried forever."""
     fresh: dict[tuple[str, bytes], dict] = {}
     unloggable = []
+    micros: dict[datetime, int] = {}  # the events of one message share their receive time
     for row in rows:
         try:
-            record = record_parts(row)
+            record = record_parts(row, micros)
         except (struct.error, ValueError, KeyError, TypeError, UnicodeError) as exc:
             unloggable.append((row, f"the log format cannot hold this event: {type(exc).__name__}: {exc}"))
             continue
@@ -169,7 +171,7 @@ def _segment_values(cluster: str, rows: list[dict]) -> dict:
         "events": len(rows),
         "to_process": sum(1 for row in rows if row["needs_processing"]),
         "received_at": max(row["received_at"] for row in rows),
-        "payload": [SEGMENT_VERSION, *(part for row in rows for part in row["record"])],
+        "payload": [SEGMENT_VERSION, *chain.from_iterable(row["record"] for row in rows)],
     }
 
 
@@ -178,30 +180,36 @@ def encode_record(row: dict) -> bytes:
     return b"".join(record_parts(row))
 
 
-def record_parts(row: dict) -> tuple[bytes, ...]:
+def record_parts(row: dict, micros: dict[datetime, int] | None = None) -> tuple[bytes, ...]:
     """One event's record of a segment, in pieces: joined once per segment, not once per event (the
-    whole event, kilobytes, is one of them)."""
-    event_id = (row["event_id"] or "").encode()
-    parts = (
+    whole event, kilobytes, is one of them). `micros` remembers the times already converted."""
+    event_id = row["event_id"]
+    id_bytes = event_id.encode() if event_id else b""
+    event_type, container_id, node = (
         row["event_type"].encode(),
         row["container_id"].encode(),
         row["node_name"].encode(),
-        event_id,
-        row["payload"],
     )
-    received = row["received_at"] - _EPOCH
+    payload = row["payload"]
+    received_at = row["received_at"]
+    received = micros.get(received_at) if micros is not None else None
+    if received is None:
+        delta = received_at - _EPOCH
+        received = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        if micros is not None:
+            micros[received_at] = received
     header = _RECORD.pack(
-        (received.days * 86_400 + received.seconds) * 1_000_000 + received.microseconds,
+        received,
         SOURCES.index(row["source"]),
         PAYLOAD_FORMATS.index(row["payload_format"]),
         bool(row["needs_processing"]),
-        len(event_id) + 1 if row["event_id"] else 0,
-        len(parts[0]),
-        len(parts[1]),
-        len(parts[2]),
-        len(parts[4]),
+        len(id_bytes) + 1 if event_id else 0,
+        len(event_type),
+        len(container_id),
+        len(node),
+        len(payload),
     )
-    return (header, *parts)
+    return (header, event_type, container_id, node, id_bytes, payload)
 
 
 def dead_letter_row(cluster: str, event: LoggedEvent) -> dict:
@@ -272,7 +280,7 @@ def _copy_segment(conn: Connection, segment_id: int, values: dict) -> None:
     """The segment by binary COPY: megabytes of payload go as they are, in one buffer, not hex-escaped."""
     received = values["received_at"] - datetime(2000, 1, 1, tzinfo=UTC)  # PostgreSQL's epoch
     payload = values["payload"]
-    size = sum(len(part) for part in payload)
+    size = sum(map(len, payload))
     fields = (
         struct.pack("!q", segment_id),
         values["cluster_name"].encode(),

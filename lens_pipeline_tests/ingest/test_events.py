@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
@@ -59,6 +60,19 @@ def test_the_original_clients_bytes_are_understood():
             "malformed_data",
             "data.devices.gpu[0] must be an object",
         ),
+        (
+            _event(data={"devices": {"gpu": [{}, {"id": 1}, "card2", 3]}}),
+            "malformed_data",
+            "data.devices.gpu[2] must be an object",  # the first that is not
+        ),
+        (
+            _event(data={"devices": {"gpu": None, "infiniband": [{}, 5]}}),
+            "malformed_data",
+            "data.devices.infiniband[1] must be an object",
+        ),
+        (_event(data={"created_at": "yesterday"}), "malformed_data", "data.created_at must be a number"),
+        (_event(data={"created_at": -1}), "malformed_data", "nanoseconds since the epoch"),
+        (_event(data={"status": "Run\x00ning"}), "malformed_data", "data.status contains a NUL"),
         (_event(data={"pod_name": 7}), "malformed_data", "data.pod_name must be a string"),
         (_event(data={"devices": []}), "malformed_data", "data.devices must be a struct"),
         (b"\x0a\x03\xff\xfe\xfd", "malformed", "invalid UTF-8"),  # field 1 (type) with invalid UTF-8
@@ -135,6 +149,42 @@ def test_http_events_are_checked_the_same_way():
         with pytest.raises(Refused) as refused:
             from_json(broken, K8S, NOW)
         assert refused.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("source", "data", "gpus_or_words"),
+    [
+        ("k8s", gpu_container(1, "Running", gpus=3, nics=2), 3),
+        ("k8s", {"pod_name": None, "status": None, "devices": None}, 0),  # null: as if absent
+        ("k8s", {"devices": {"gpu": None, "infiniband": [{}]}}, 0),
+        ("k8s", {"devices": {"gpu": [{}, {}], "infiniband": None}}, 2),
+        ("docker", {"ID": "c1", "Devices": [{"PathOnHost": "/dev/kfd"}, {}]}, 2),
+        ("docker", {"ID": "c1", "Devices": None}, 0),
+        ("docker", {"ID": "c1", "Devices": [{}, "card1"]}, "data.Devices[1] must be an object"),
+        ("docker", {"ID": 7}, "data.ID must be a string, not a number"),
+        ("k8s", {"labels": "a=b"}, "data.labels must be a struct, not a string"),
+        ("k8s", {"devices": {"gpu": {}}}, "data.devices.gpu must be a list of devices"),
+    ],
+)
+def test_both_transports_count_gpus_and_refuse_the_same_data_with_the_same_words(source, data, gpus_or_words):
+    """gRPC checks the data `Struct` where HTTP checks the JSON object: the same fields, the same
+    counts, the same words, and only the events the original would process need processing."""
+    origin = Origin(source, None, "east")
+    message = ContainerEvent(type="Running", container_id=container_id(1))
+    message.data.update(data)
+    event = {"type": "Running", "source": source, "node": "n1", "container_id": "c1", "data": data}
+    if isinstance(gpus_or_words, str):
+        for transport in (
+            lambda: from_grpc(message.SerializeToString(), origin, NOW),
+            lambda: from_json(event, origin, NOW),
+        ):
+            with pytest.raises(Refused, match=re.escape(gpus_or_words)) as refused:
+                transport()
+            assert refused.value.reason == "malformed_data"
+        return
+    needs = source == "docker" or gpus_or_words > 0
+    assert from_grpc(message.SerializeToString(), origin, NOW)["needs_processing"] is needs
+    assert from_json(event, origin, NOW)["needs_processing"] is needs
 
 
 def test_an_event_with_number_fields_is_read_back_from_the_log():
