@@ -194,8 +194,7 @@ def record_parts(row: dict, micros: dict[datetime, int] | None = None) -> tuple[
     received_at = row["received_at"]
     received = micros.get(received_at) if micros is not None else None
     if received is None:
-        delta = received_at - _EPOCH
-        received = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+        received = _microseconds(received_at - _EPOCH)
         if micros is not None:
             micros[received_at] = received
     header = _RECORD.pack(
@@ -210,6 +209,11 @@ def record_parts(row: dict, micros: dict[datetime, int] | None = None) -> tuple[
         len(payload),
     )
     return (header, event_type, container_id, node, id_bytes, payload)
+
+
+def _microseconds(delta: timedelta) -> int:
+    """A time since an epoch in whole microseconds, exactly (no float on the way)."""
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def dead_letter_row(cluster: str, event: LoggedEvent) -> dict:
@@ -286,7 +290,7 @@ def _copy_segment(conn: Connection, segment_id: int, values: dict) -> None:
         values["cluster_name"].encode(),
         struct.pack("!i", values["events"]),
         struct.pack("!i", values["to_process"]),
-        struct.pack("!q", (received.days * 86_400 + received.seconds) * 1_000_000 + received.microseconds),
+        struct.pack("!q", _microseconds(received)),
     )
     parts = [b"PGCOPY\n\xff\r\n\x00", struct.pack("!iih", 0, 0, len(fields) + 1)]
     for field in fields:

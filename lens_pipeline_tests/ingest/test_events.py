@@ -7,7 +7,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from lens_pipeline.ingest.events import ContainerEvent, Origin, Refused, event_key, from_grpc, from_json
+from lens_pipeline.ingest.events import (
+    ContainerEvent,
+    Origin,
+    Refused,
+    _json_shape,
+    _pb_shape,
+    event_key,
+    from_grpc,
+    from_json,
+)
 from lens_pipeline.sim import node_agent as agent
 from lens_pipeline.store.event_log import LoggedEvent
 from lens_pipeline_tests.ingest.support import container_id, gpu_container
@@ -182,6 +191,7 @@ def test_both_transports_count_gpus_and_refuse_the_same_data_with_the_same_words
                 transport()
             assert refused.value.reason == "malformed_data"
         return
+    assert _pb_shape(message.data, source) == _json_shape(data, source) == gpus_or_words
     needs = source == "docker" or gpus_or_words > 0
     assert from_grpc(message.SerializeToString(), origin, NOW)["needs_processing"] is needs
     assert from_json(event, origin, NOW)["needs_processing"] is needs
