@@ -214,34 +214,7 @@ def spawn_rayjob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
             cluster_name, namespace, cluster_uid, timeline.created, rayjob_owner, cluster_labels, spec
         ),
     )
-    cluster_owner = Owner("RayCluster", "ray.io/v1", cluster_name, cluster_uid)
-    ray_labels = {
-        "ray.io/cluster": cluster_name,
-        "ray.io/is-ray-node": "yes",
-        "app.kubernetes.io/created-by": "kuberay-operator",
-        "app.kubernetes.io/name": "kuberay",
-    }
-    plans = [
-        PodPlan(
-            ctl.pod_name(namespace, f"{cluster_name}-head-"),
-            {**ray_labels, "ray.io/node-type": "head", "ray.io/group": "headgroup"},
-            cluster_owner,
-            head_containers,
-            "Always",
-            generate_name=f"{cluster_name}-head-",
-        ),
-    ] + [
-        PodPlan(
-            ctl.pod_name(namespace, f"{cluster_name}-gpu-group-worker-"),
-            {**ray_labels, "ray.io/node-type": "worker", "ray.io/group": "gpu-group"},
-            cluster_owner,
-            worker_containers,
-            "Always",
-            generate_name=f"{cluster_name}-gpu-group-worker-",
-            volumes=(DSHM_VOLUME,),
-        )
-        for _ in range(workers)
-    ]
+    plans = _ray_pods(ctl, namespace, cluster_name, cluster_uid, head_containers, worker_containers, workers)
     outcome, keys = ctl.create_pods(namespace, plans, outcome, timeline, image)
     # KubeRay's submitter: a Job named after the RayJob that runs `ray job submit`.
     submitter_uid = new_uid(rng)
@@ -267,6 +240,122 @@ def spawn_rayjob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
     _, submit_keys = ctl.create_pods(namespace, [submit_plan], outcome, timeline, image)
     ctl.refresh_tree(uid, timeline.changed)
     return Spawned(uid, outcome, keys + submit_keys)
+
+
+def spawn_rayservice(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
+    """A KubeRay RayService: a Ray Serve application on the RayCluster KubeRay makes for it
+    (`<service>-<5 random>`, owned by the service), its head and GPU workers (pods of a RayService's
+    cluster carry `ray.io/serve`: a worker `true` from the start, the head once it serves)."""
+    rng = ctl.rng
+    outcome = outcome or ("Running" if rng.random() < 0.92 else "Pending")
+    namespace = rng.choice(("ml-infer", "default"))
+    name = ctl.workload_name(("ray-serve-llm", "ray-serve-embed", "ray-serve-rerank"))
+    workers = rng.choice((1, 1, 2, 4))
+    gpus = rng.choice((1, 2, 4, 8))
+    timeline = ctl.timeline(now, outcome, max_age=60 * 86400)
+    image = "docker.io/rayproject/ray-ml:2.9.0-gpu"
+    head_containers = (ContainerPlan("ray-head"),)
+    worker_containers = ctl.containers("ray-worker", gpus)
+    head = controllers.pod_template({}, head_containers, image, ctl.profile, "Always")
+    worker = controllers.pod_template({}, worker_containers, image, ctl.profile, "Always")
+    spec = controllers.ray_cluster_spec(head, worker, workers)
+    serve_config = (
+        "applications:\n"
+        f"  - name: {controllers.SERVE_APPLICATION}\n"
+        "    import_path: serve_app:app\n"
+        "    route_prefix: /\n"
+        "    deployments:\n"
+        f"      - name: {controllers.SERVE_DEPLOYMENT}\n"
+        f"        num_replicas: {workers}\n"
+        "        ray_actor_options:\n"
+        f"          num_gpus: {gpus}\n"
+    )
+    uid = new_uid(rng)
+    state = ctl.state
+    service = applied_with_kubectl(
+        controllers.rayservice(name, namespace, uid, timeline.created, {}, spec, serve_config)
+    )
+    state.put("rayservices", service)
+    cluster_name = f"{name}-{suffix(rng)}"  # KubeRay's GenerateRayClusterName
+    cluster = controllers.raycluster(
+        cluster_name,
+        namespace,
+        new_uid(rng),
+        timeline.created,
+        Owner("RayService", "ray.io/v1", name, uid),
+        {"ray.io/originated-from-crd": "RayService", "ray.io/originated-from-cr-name": name},
+        spec,
+    )
+    # KubeRay copies the service's labels and annotations (kubectl's last-applied-configuration too)
+    # to the cluster it makes, and adds its own.
+    cluster["metadata"]["annotations"] = {
+        **service["metadata"]["annotations"],
+        **controllers.rayservice_cluster_annotations(spec),
+    }
+    state.put("rayclusters", cluster)
+    cluster_uid = cluster["metadata"]["uid"]
+    plans = _ray_pods(
+        ctl,
+        namespace,
+        cluster_name,
+        cluster_uid,
+        head_containers,
+        worker_containers,
+        workers,
+        head_labels={"ray.io/serve": "true" if outcome == "Running" else "false"},
+        worker_labels={"ray.io/serve": "true"},
+    )
+    outcome, keys = ctl.create_pods(namespace, plans, outcome, timeline, image)
+    ctl.refresh_tree(uid, timeline.changed)
+    return Spawned(uid, outcome, keys)
+
+
+def _ray_pods(
+    ctl: Controllers,
+    namespace: str,
+    cluster_name: str,
+    cluster_uid: str,
+    head_containers: tuple[ContainerPlan, ...],
+    worker_containers: tuple[ContainerPlan, ...],
+    workers: int,
+    head_labels: dict[str, str] | None = None,
+    worker_labels: dict[str, str] | None = None,
+) -> list[PodPlan]:
+    """The pods KubeRay's RayCluster controller makes: `<cluster>-head-<5>` and
+    `<cluster>-gpu-group-worker-<5>`, labelled with their cluster, node type and group."""
+    owner = Owner("RayCluster", "ray.io/v1", cluster_name, cluster_uid)
+    ray_labels = {
+        "ray.io/cluster": cluster_name,
+        "ray.io/is-ray-node": "yes",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+        "app.kubernetes.io/name": "kuberay",
+    }
+    return [
+        PodPlan(
+            ctl.pod_name(namespace, f"{cluster_name}-head-"),
+            {**ray_labels, "ray.io/node-type": "head", "ray.io/group": "headgroup", **(head_labels or {})},
+            owner,
+            head_containers,
+            "Always",
+            generate_name=f"{cluster_name}-head-",
+        ),
+    ] + [
+        PodPlan(
+            ctl.pod_name(namespace, f"{cluster_name}-gpu-group-worker-"),
+            {
+                **ray_labels,
+                "ray.io/node-type": "worker",
+                "ray.io/group": "gpu-group",
+                **(worker_labels or {}),
+            },
+            owner,
+            worker_containers,
+            "Always",
+            generate_name=f"{cluster_name}-gpu-group-worker-",
+            volumes=(DSHM_VOLUME,),
+        )
+        for _ in range(workers)
+    ]
 
 
 def spawn_job(
@@ -598,6 +687,7 @@ SPAWNERS: dict[str, Callable[..., Spawned]] = {
     "pytorchjob": spawn_pytorchjob,
     "mpijob": spawn_mpijob,
     "rayjob": spawn_rayjob,
+    "rayservice": spawn_rayservice,
     "job": spawn_job,
     "cronjob": spawn_cronjob,
     "deployment": spawn_deployment,
@@ -609,6 +699,7 @@ SPAWN_WEIGHTS = {
     "pytorchjob": 22,
     "mpijob": 6,
     "rayjob": 5,
+    "rayservice": 3,
     "job": 14,
     "cronjob": 5,
     "deployment": 14,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 MAINTENANCE_TAINT = "lens.sim/maintenance"
 # Kinds whose work runs to completion (finish and fail apply to them).
 RUN_TO_COMPLETION = frozenset({"jobs", "cronjobs", "pytorchjobs", "mpijobs", "rayjobs", "workloads"})
-WORKLOAD_KINDS = RUN_TO_COMPLETION | {"deployments", "statefulsets", "pods"}
+WORKLOAD_KINDS = RUN_TO_COMPLETION | {"deployments", "statefulsets", "rayservices", "pods"}
 SCALABLE = frozenset({"deployments", "statefulsets"})
 # A random pick retries this often before the step gives the event up (a full scan at 150,000 pods
 # per event would cost more than the event).

@@ -5,6 +5,8 @@ Workload) and their status, recomputed from the pods and children below them."""
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +16,10 @@ from lens_pipeline.sim.state import PodRecord
 from lens_pipeline.sim.vendors import SimVendor
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+# The Ray Serve application and deployment of the simulator's RayServices (their `serveConfigV2`).
+SERVE_APPLICATION = "llm"
+SERVE_DEPLOYMENT = "VLLMDeployment"
+KUBERAY_VERSION = "v1.6.2"  # a release sets its tag (utils.KUBERAY_VERSION)
 
 # -- pod templates -----------------------------------------------------------------------------
 
@@ -279,6 +285,44 @@ def rayjob(
             "rayClusterSpec": cluster_spec,
         },
         "status": {},
+    }
+
+
+def rayservice(
+    name: str,
+    namespace: str,
+    uid: str,
+    created: float,
+    labels: dict[str, str],
+    cluster_spec: dict[str, Any],
+    serve_config: str,
+) -> dict[str, Any]:
+    """KubeRay's RayService (ray.io/v1): a Ray Serve application on a RayCluster that KubeRay makes
+    (and, on a new cluster spec, replaces with a new one), `spec.rayClusterConfig`."""
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": object_metadata(name, namespace, uid, created, labels),
+        "spec": {"serveConfigV2": serve_config, "rayClusterConfig": cluster_spec},
+        "status": {},
+    }
+
+
+def rayservice_cluster_annotations(cluster_spec: dict[str, Any]) -> dict[str, str]:
+    """What KubeRay's RayService controller adds to the annotations of the RayCluster it makes: the
+    hash of the cluster spec without the worker counts (SHA-1 of its JSON, base32hex), which tells it
+    when a new cluster is due, the number of worker groups and its own version."""
+    groups = [
+        {k: v for k, v in group.items() if k not in ("replicas", "minReplicas", "maxReplicas")}
+        for group in cluster_spec["workerGroupSpecs"]
+    ]
+    material = json.dumps({**cluster_spec, "workerGroupSpecs": groups}, separators=(",", ":"), sort_keys=True)
+    return {
+        "ray.io/hash-without-replicas-and-workers-to-delete": base64.b32hexencode(
+            hashlib.sha1(material.encode(), usedforsecurity=False).digest()
+        ).decode(),
+        "ray.io/num-worker-groups": str(len(groups)),
+        "ray.io/kuberay-version": KUBERAY_VERSION,
     }
 
 
@@ -714,6 +758,71 @@ def rayjob_status(inp: StatusInput) -> dict[str, Any]:
     return status
 
 
+def rayservice_status(inp: StatusInput) -> dict[str, Any]:
+    """As KubeRay's RayService controller writes it: the cluster it made is pending until it serves,
+    then active; `Ready` while it has serve endpoints (its running pods: KubeRay labels a worker
+    `ray.io/serve=true` from the start and the head once it serves), and `serviceStatus` says the
+    same."""
+    old = inp.obj.get("status", {})
+    cluster = inp.children[0]["metadata"]["name"] if inp.children else ""
+    endpoints = PodCounts.of(inp.pods).running
+    previous = old.get("conditions", [])
+    was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in previous)
+    active = cluster if endpoints or old.get("activeServiceStatus") else ""
+    if endpoints:
+        ready = _condition(
+            previous,
+            "Ready",
+            True,
+            "NonZeroServeEndpoints",
+            "Number of serve endpoints is greater than 0",
+            inp.now,
+        )
+    elif was_ready:
+        ready = _condition(
+            previous, "Ready", False, "ZeroServeEndpoints", "Number of serve endpoints dropped to 0", inp.now
+        )
+    else:
+        ready = _condition(previous, "Ready", False, "Initializing", "RayService is initializing", inp.now)
+    if active:
+        upgrade = _condition(
+            previous,
+            "UpgradeInProgress",
+            False,
+            "NoPendingCluster",
+            "Active Ray cluster exists and no pending Ray cluster",
+            inp.now,
+        )
+    else:
+        upgrade = _condition(
+            previous, "UpgradeInProgress", False, "Initializing", "RayService is initializing", inp.now
+        )
+    conditions = [ready, upgrade]
+    for condition in conditions:
+        condition["observedGeneration"] = 1
+    status: dict[str, Any] = {"conditions": conditions, "observedGeneration": 1}
+    if endpoints:
+        status["serviceStatus"] = "Running"
+        status["numServeEndpoints"] = endpoints
+    serving = {"rayClusterName": cluster}
+    if active:
+        serving["applicationStatuses"] = {
+            SERVE_APPLICATION: {
+                "status": "RUNNING" if endpoints else "DEPLOYING",
+                "serveDeploymentStatuses": {
+                    SERVE_DEPLOYMENT: {"status": "HEALTHY" if endpoints else "UPDATING"}
+                },
+            }
+        }
+        status["activeServiceStatus"] = serving
+    elif cluster:
+        status["pendingServiceStatus"] = serving
+    status["lastUpdateTime"] = (
+        old.get("lastUpdateTime") if old.get("conditions") == conditions else rfc3339(inp.now)
+    )
+    return status
+
+
 def safe_workload_status(inp: StatusInput) -> dict[str, Any]:
     """SaFE's phase follows the job it dispatched (a Deployment never finishes: Running or Pending)."""
     old = inp.obj.get("status", {})
@@ -753,5 +862,6 @@ STATUS: dict[str, Callable[[StatusInput], dict[str, Any]]] = {
     "MPIJob": mpijob_status,
     "RayCluster": raycluster_status,
     "RayJob": rayjob_status,
+    "RayService": rayservice_status,
     "Workload": safe_workload_status,
 }

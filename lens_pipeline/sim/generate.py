@@ -47,6 +47,7 @@ FIRST_ROUND: tuple[tuple[str, str | None], ...] = (
     ("statefulset", "Running"),
     ("safe", None),
     ("pod", None),
+    ("rayservice", "Running"),
 )
 # (namespace, secret, JuiceFS volume name, StorageClass): the volumes every cluster mounts.
 JUICEFS_VOLUMES = (

@@ -99,6 +99,7 @@ KINDS: tuple[ResourceKind, ...] = (
     ResourceKind("pytorchjobs", "pytorchjob", "PyTorchJob", "kubeflow.org", "v1", True),
     ResourceKind("rayclusters", "raycluster", "RayCluster", "ray.io", "v1", True),
     ResourceKind("rayjobs", "rayjob", "RayJob", "ray.io", "v1", True),
+    ResourceKind("rayservices", "rayservice", "RayService", "ray.io", "v1", True, (), ("all",)),
     # SaFE's Workload is cluster-scoped (+kubebuilder:resource:scope=Cluster); spec.workspace names the
     # namespace its children run in.
     ResourceKind("workloads", "workload", "Workload", "amd.com", "v1", False),

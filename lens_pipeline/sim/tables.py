@@ -124,6 +124,21 @@ def _field(*path: str, default: Any = 0) -> Callable[[dict[str, Any], float], An
     return lambda obj, now: _get(obj, *path, default=default)
 
 
+def _crd_text(*path: str) -> Callable[[dict[str, Any], float], Any]:
+    """A CRD's printer column of type string, as kube-apiserver fills it: the value at the JSON path
+    printed as text (a number too), null where the object has none."""
+
+    def cell(obj: dict[str, Any], now: float) -> Any:
+        value = _get(obj, *path)
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+    return cell
+
+
 def _job_status(obj: dict[str, Any], now: float) -> str:
     for condition in _get(obj, "status", "conditions", default=[]):
         if condition.get("status") == "True" and condition.get("type") in ("Complete", "Failed"):
@@ -253,16 +268,22 @@ COLUMNS: dict[str, list[Column]] = {
     "mpijobs": [NAME, AGE, ("State", "string", 0, _last_condition)],
     "rayjobs": [
         NAME,
-        ("Job Status", "string", 0, _field("status", "jobStatus", default="")),
-        ("Deployment Status", "string", 0, _field("status", "jobDeploymentStatus", default="")),
-        ("Ray Cluster Name", "string", 0, _field("status", "rayClusterName", default="")),
+        ("Job Status", "string", 0, _crd_text("status", "jobStatus")),
+        ("Deployment Status", "string", 0, _crd_text("status", "jobDeploymentStatus")),
+        ("Ray Cluster Name", "string", 0, _crd_text("status", "rayClusterName")),
+        AGE,
+    ],
+    "rayservices": [
+        NAME,
+        ("service status", "string", 0, _crd_text("status", "serviceStatus")),
+        ("num serve endpoints", "string", 0, _crd_text("status", "numServeEndpoints")),
         AGE,
     ],
     "rayclusters": [
         NAME,
         ("Desired Workers", "integer", 0, _field("status", "desiredWorkerReplicas")),
         ("Available Workers", "integer", 0, _field("status", "availableWorkerReplicas")),
-        ("Status", "string", 0, _field("status", "state", default="")),
+        ("Status", "string", 0, _crd_text("status", "state")),
         AGE,
     ],
     "workloads": [NAME, AGE],

@@ -32,6 +32,7 @@ COLLECTIONS = (
     ("/apis/kubeflow.org/v1/pytorchjobs", "PyTorchJob"),
     ("/apis/ray.io/v1/rayclusters", "RayCluster"),
     ("/apis/ray.io/v1/rayjobs", "RayJob"),
+    ("/apis/ray.io/v1/rayservices", "RayService"),
     ("/apis/amd.com/v1/workloads", "Workload"),
 )
 

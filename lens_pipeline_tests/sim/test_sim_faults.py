@@ -154,7 +154,7 @@ def test_malformed_objects_are_served_but_never_in_the_truth(sim) -> None:
         "/api/v1/pods", "/apis/apps/v1/replicasets", "/apis/batch/v1/jobs", "/apis/apps/v1/deployments",
         "/apis/apps/v1/statefulsets", "/apis/apps/v1/daemonsets", "/apis/batch/v1/cronjobs",
         "/apis/kubeflow.org/v1/pytorchjobs", "/apis/kubeflow.org/v1/mpijobs", "/apis/ray.io/v1/rayjobs",
-        "/apis/ray.io/v1/rayclusters", "/apis/amd.com/v1/workloads",
+        "/apis/ray.io/v1/rayclusters", "/apis/ray.io/v1/rayservices", "/apis/amd.com/v1/workloads",
     )}  # fmt: skip
     broken = {uid for uid, chain in owner_walk(objects).items() if chain is None}
     prefixes = ("unknown-owner-", "cycle-a-", "elsewhere-", "orphan-")

@@ -124,7 +124,8 @@ def test_owner_chains_are_what_controllers_make(served, everything) -> None:
         tuple(by_uid[uid]["kind"] for uid in chain) for chain in chains.values() if chain is not None
     )
     for shape in [("ReplicaSet", "Deployment"), ("Job", "CronJob"), ("StatefulSet",), ("DaemonSet",),
-                  ("PyTorchJob",), ("MPIJob",), ("RayCluster", "RayJob"), ("Job", "RayJob"), ("Job",), ()]:  # fmt: skip
+                  ("PyTorchJob",), ("MPIJob",), ("RayCluster", "RayJob"), ("Job", "RayJob"),
+                  ("RayCluster", "RayService"), ("Job",), ()]:  # fmt: skip
         assert shapes[shape], f"no pod with owners {shape}: {shapes}"
     pods = {p["metadata"]["uid"]: p for p in everything["/api/v1/pods"]}
     for uid, chain in chains.items():
@@ -303,6 +304,84 @@ def test_namespaced_lists_and_gets_and_selectors(served, everything) -> None:
     assert status == 404  # cluster-scoped: no namespaced path
     status, namespace_object = http(f"{base}/api/v1/namespaces/juicefs", token, server=server)
     assert status == 200 and namespace_object["status"]["phase"] == "Active"
+
+
+def test_a_rayservice_is_what_kuberay_makes_of_it(served, everything) -> None:
+    """KubeRay's RayService (ray-operator/apis/ray/v1/rayservice_types.go, its controller): the
+    RayCluster it makes is `<service>-<5>`, owned by it as controller, labelled with where it came from
+    and annotated with the service's annotations and KubeRay's own; its pods carry `ray.io/serve`;
+    the service is Ready with as many serve endpoints as pods run."""
+    services = everything["/apis/ray.io/v1/rayservices"]
+    assert services
+    clusters = {c["metadata"]["name"]: c for c in everything["/apis/ray.io/v1/rayclusters"]}
+    pods = everything["/api/v1/pods"]
+    for service in services:
+        metadata, status = service["metadata"], service["status"]
+        assert service["spec"]["serveConfigV2"].startswith("applications:\n")
+        assert "kubectl.kubernetes.io/last-applied-configuration" in metadata["annotations"]
+        (cluster,) = [
+            c
+            for c in clusters.values()
+            if c["metadata"].get("ownerReferences", [{}])[0].get("uid") == metadata["uid"]
+        ]
+        reference = cluster["metadata"]["ownerReferences"][0]
+        assert (reference["kind"], reference["apiVersion"], reference["controller"]) == (
+            "RayService",
+            "ray.io/v1",
+            True,
+        )
+        name = cluster["metadata"]["name"]
+        assert name.startswith(f"{metadata['name']}-") and len(name) == len(metadata["name"]) + 6
+        assert cluster["metadata"]["labels"] == {
+            "ray.io/originated-from-crd": "RayService",
+            "ray.io/originated-from-cr-name": metadata["name"],
+        }
+        annotations = cluster["metadata"]["annotations"]
+        assert annotations.items() >= metadata["annotations"].items()
+        assert annotations["ray.io/num-worker-groups"] == "1"
+        assert len(annotations["ray.io/hash-without-replicas-and-workers-to-delete"]) == 32
+        assert cluster["spec"] == service["spec"]["rayClusterConfig"]
+        own = [p for p in pods if p["metadata"].get("labels", {}).get("ray.io/cluster") == name]
+        assert own and all(
+            p["metadata"]["ownerReferences"][0]["uid"] == cluster["metadata"]["uid"] for p in own
+        )
+        assert all(
+            p["metadata"]["labels"]["ray.io/serve"] == "true"
+            for p in own
+            if p["metadata"]["labels"]["ray.io/node-type"] == "worker"
+        )
+        running = sum(
+            1 for p in own if p["status"]["phase"] == "Running" and "deletionTimestamp" not in p["metadata"]
+        )
+        ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+        if running:
+            assert ready["status"] == "True" and ready["reason"] == "NonZeroServeEndpoints"
+            assert (status["serviceStatus"], status["numServeEndpoints"]) == ("Running", running)
+            assert status["activeServiceStatus"]["rayClusterName"] == name
+        else:
+            assert ready["status"] == "False" and "serviceStatus" not in status
+    # Its printer columns (the CRD's additionalPrinterColumns, both of type string).
+    fleet, server, _ = served
+    accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+    status, table = http(
+        f"{server.base_url(NAME)}/apis/ray.io/v1/rayservices",
+        fleet.cluster(NAME).token,
+        accept=accept,
+        server=server,
+    )
+    assert status == 200
+    assert [c["name"] for c in table["columnDefinitions"]] == [
+        "Name",
+        "service status",
+        "num serve endpoints",
+        "Age",
+    ]
+    for row, service in zip(table["rows"], services, strict=True):
+        endpoints = service["status"].get("numServeEndpoints")
+        assert row["cells"][1:3] == [
+            service["status"].get("serviceStatus"),
+            None if endpoints is None else str(endpoints),
+        ]
 
 
 def test_tables_for_kubectl(served) -> None:
