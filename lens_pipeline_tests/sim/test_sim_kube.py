@@ -457,6 +457,20 @@ def test_kubectl_get_deployments_and_pytorchjobs(served, everything, tmp_path) -
     ]
 
 
+def test_kubectl_get_rayservices(served, everything, tmp_path) -> None:
+    """kubectl prints the CRD's printer columns as kube-apiserver fills them."""
+    out = _kubectl(served, tmp_path, "get", "rayservices", "-A")
+    lines = out.splitlines()
+    assert lines[0].split() == ["NAMESPACE", "NAME", "SERVICE", "STATUS", "NUM", "SERVE", "ENDPOINTS", "AGE"]
+    rows = {line.split()[1]: line.split() for line in lines[1:]}
+    services = everything["/apis/ray.io/v1/rayservices"]
+    assert rows.keys() == {s["metadata"]["name"] for s in services}
+    for service in services:
+        status = service["status"]
+        if "serviceStatus" in status:
+            assert rows[service["metadata"]["name"]][2:4] == ["Running", str(status["numServeEndpoints"])]
+
+
 def test_kubectl_api_resources(served, tmp_path) -> None:
     out = _kubectl(served, tmp_path, "api-resources", "--no-headers")
     rows = {line.split()[0]: line.split() for line in out.splitlines()}
