@@ -193,12 +193,7 @@ def spawn_rayjob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
     workers = rng.choice((1, 2, 4))
     gpus = _gpu_choice(rng)
     timeline = ctl.timeline(now, outcome)
-    image = "docker.io/rayproject/ray-ml:2.9.0-gpu"
-    head_containers = (ContainerPlan("ray-head"),)
-    worker_containers = ctl.containers("ray-worker", gpus)
-    head = controllers.pod_template({}, head_containers, image, ctl.profile, "Always")
-    worker = controllers.pod_template({}, worker_containers, image, ctl.profile, "Always")
-    spec = controllers.ray_cluster_spec(head, worker, workers)
+    head_containers, worker_containers, spec = _ray_cluster_spec(ctl, gpus, workers)
     uid = new_uid(rng)
     state = ctl.state
     state.put(
@@ -215,7 +210,7 @@ def spawn_rayjob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
         ),
     )
     plans = _ray_pods(ctl, namespace, cluster_name, cluster_uid, head_containers, worker_containers, workers)
-    outcome, keys = ctl.create_pods(namespace, plans, outcome, timeline, image)
+    outcome, keys = ctl.create_pods(namespace, plans, outcome, timeline, RAY_IMAGE)
     # KubeRay's submitter: a Job named after the RayJob that runs `ray job submit`.
     submitter_uid = new_uid(rng)
     submitter = controllers.job(
@@ -226,7 +221,7 @@ def spawn_rayjob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
         rayjob_owner,
         {"ray.io/originated-from-crd": "RayJob"},
         1,
-        controllers.pod_template({}, (ContainerPlan("ray-job-submitter"),), image, ctl.profile, "Never"),
+        controllers.pod_template({}, (ContainerPlan("ray-job-submitter"),), RAY_IMAGE, ctl.profile, "Never"),
     )
     state.put("jobs", submitter)
     submit_plan = PodPlan(
@@ -237,7 +232,7 @@ def spawn_rayjob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
         "Never",
         generate_name=f"{name}-",
     )
-    _, submit_keys = ctl.create_pods(namespace, [submit_plan], outcome, timeline, image)
+    _, submit_keys = ctl.create_pods(namespace, [submit_plan], outcome, timeline, RAY_IMAGE)
     ctl.refresh_tree(uid, timeline.changed)
     return Spawned(uid, outcome, keys + submit_keys)
 
@@ -253,12 +248,7 @@ def spawn_rayservice(ctl: Controllers, now: float, outcome: str | None) -> Spawn
     workers = rng.choice((1, 1, 2, 4))
     gpus = rng.choice((1, 2, 4, 8))
     timeline = ctl.timeline(now, outcome, max_age=60 * 86400)
-    image = "docker.io/rayproject/ray-ml:2.9.0-gpu"
-    head_containers = (ContainerPlan("ray-head"),)
-    worker_containers = ctl.containers("ray-worker", gpus)
-    head = controllers.pod_template({}, head_containers, image, ctl.profile, "Always")
-    worker = controllers.pod_template({}, worker_containers, image, ctl.profile, "Always")
-    spec = controllers.ray_cluster_spec(head, worker, workers)
+    head_containers, worker_containers, spec = _ray_cluster_spec(ctl, gpus, workers)
     serve_config = (
         "applications:\n"
         f"  - name: {controllers.SERVE_APPLICATION}\n"
@@ -305,9 +295,23 @@ def spawn_rayservice(ctl: Controllers, now: float, outcome: str | None) -> Spawn
         head_labels={"ray.io/serve": "true" if outcome == "Running" else "false"},
         worker_labels={"ray.io/serve": "true"},
     )
-    outcome, keys = ctl.create_pods(namespace, plans, outcome, timeline, image)
+    outcome, keys = ctl.create_pods(namespace, plans, outcome, timeline, RAY_IMAGE)
     ctl.refresh_tree(uid, timeline.changed)
     return Spawned(uid, outcome, keys)
+
+
+RAY_IMAGE = "docker.io/rayproject/ray-ml:2.9.0-gpu"
+
+
+def _ray_cluster_spec(
+    ctl: Controllers, gpus: int, workers: int
+) -> tuple[tuple[ContainerPlan, ...], tuple[ContainerPlan, ...], dict[str, Any]]:
+    """The containers of a RayCluster's head and GPU workers, and its spec."""
+    head_containers = (ContainerPlan("ray-head"),)
+    worker_containers = ctl.containers("ray-worker", gpus)
+    head = controllers.pod_template({}, head_containers, RAY_IMAGE, ctl.profile, "Always")
+    worker = controllers.pod_template({}, worker_containers, RAY_IMAGE, ctl.profile, "Always")
+    return head_containers, worker_containers, controllers.ray_cluster_spec(head, worker, workers)
 
 
 def _ray_pods(

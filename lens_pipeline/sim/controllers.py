@@ -298,7 +298,8 @@ def rayservice(
     serve_config: str,
 ) -> dict[str, Any]:
     """KubeRay's RayService (ray.io/v1): a Ray Serve application on a RayCluster that KubeRay makes
-    (and, on a new cluster spec, replaces with a new one), `spec.rayClusterConfig`."""
+    from `spec.rayClusterConfig` (and replaces when that changes: the simulator makes one and never
+    upgrades it)."""
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
