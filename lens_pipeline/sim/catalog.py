@@ -314,6 +314,16 @@ def _ray_cluster_spec(
     return head_containers, worker_containers, controllers.ray_cluster_spec(head, worker, workers)
 
 
+def _ray_node(cluster_name: str, node_type: str, group: str) -> dict[str, str]:
+    """A Ray pod's node labels, as KubeRay's `labelPod` sets them (`ray.io/identifier` is
+    `<cluster>-<type>`, cut to its last 63 characters)."""
+    return {
+        "ray.io/node-type": node_type,
+        "ray.io/group": group,
+        "ray.io/identifier": f"{cluster_name}-{node_type}"[-63:],
+    }
+
+
 def _ray_pods(
     ctl: Controllers,
     namespace: str,
@@ -337,7 +347,7 @@ def _ray_pods(
     return [
         PodPlan(
             ctl.pod_name(namespace, f"{cluster_name}-head-"),
-            {**ray_labels, "ray.io/node-type": "head", "ray.io/group": "headgroup", **(head_labels or {})},
+            {**ray_labels, **_ray_node(cluster_name, "head", "headgroup"), **(head_labels or {})},
             owner,
             head_containers,
             "Always",
@@ -346,12 +356,7 @@ def _ray_pods(
     ] + [
         PodPlan(
             ctl.pod_name(namespace, f"{cluster_name}-gpu-group-worker-"),
-            {
-                **ray_labels,
-                "ray.io/node-type": "worker",
-                "ray.io/group": "gpu-group",
-                **(worker_labels or {}),
-            },
+            {**ray_labels, **_ray_node(cluster_name, "worker", "gpu-group"), **(worker_labels or {})},
             owner,
             worker_containers,
             "Always",
