@@ -346,6 +346,11 @@ def test_a_rayservice_is_what_kuberay_makes_of_it(served, everything) -> None:
             p["metadata"]["ownerReferences"][0]["uid"] == cluster["metadata"]["uid"] for p in own
         )
         assert all(
+            p["metadata"]["labels"]["ray.io/identifier"]
+            == f"{name}-{p['metadata']['labels']['ray.io/node-type']}"
+            for p in own
+        )
+        assert all(
             p["metadata"]["labels"]["ray.io/serve"] == "true"
             for p in own
             if p["metadata"]["labels"]["ray.io/node-type"] == "worker"
