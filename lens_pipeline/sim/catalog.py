@@ -19,6 +19,7 @@ SERVING_NAMES = ("vllm-serve", "triton-infer", "embedding-api", "reranker")
 BATCH_NAMES = ("eval-harness", "data-prep", "tokenize", "ckpt-convert")
 SERVICE_NAMES = ("redis", "vector-db", "metadata-store", "feature-cache")
 USERS = ("alice", "bob", "chen", "dana", "emre")
+RAY_IMAGE = "docker.io/rayproject/ray-ml:2.9.0-gpu"
 # Shared memory for NCCL/RCCL and dataloader workers: every real training pod mounts one.
 DSHM_VOLUME = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}
 
@@ -273,11 +274,15 @@ def spawn_rayservice(ctl: Controllers, now: float, outcome: str | None) -> Spawn
         new_uid(rng),
         timeline.created,
         Owner("RayService", "ray.io/v1", name, uid),
-        {"ray.io/originated-from-crd": "RayService", "ray.io/originated-from-cr-name": name},
+        # KubeRay copies the service's labels and annotations (kubectl's last-applied-configuration
+        # too) to the cluster it makes, and adds its own.
+        {
+            **service["metadata"].get("labels", {}),
+            "ray.io/originated-from-crd": "RayService",
+            "ray.io/originated-from-cr-name": name,
+        },
         spec,
     )
-    # KubeRay copies the service's labels and annotations (kubectl's last-applied-configuration too)
-    # to the cluster it makes, and adds its own.
     cluster["metadata"]["annotations"] = {
         **service["metadata"]["annotations"],
         **controllers.rayservice_cluster_annotations(spec),
@@ -298,9 +303,6 @@ def spawn_rayservice(ctl: Controllers, now: float, outcome: str | None) -> Spawn
     outcome, keys = ctl.create_pods(namespace, plans, outcome, timeline, RAY_IMAGE)
     ctl.refresh_tree(uid, timeline.changed)
     return Spawned(uid, outcome, keys)
-
-
-RAY_IMAGE = "docker.io/rayproject/ray-ml:2.9.0-gpu"
 
 
 def _ray_cluster_spec(

@@ -770,35 +770,22 @@ def rayservice_status(inp: StatusInput) -> dict[str, Any]:
     previous = old.get("conditions", [])
     was_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in previous)
     active = cluster if endpoints or old.get("activeServiceStatus") else ""
+    initializing = (False, "Initializing", "RayService is initializing")
     if endpoints:
-        ready = _condition(
-            previous,
-            "Ready",
-            True,
-            "NonZeroServeEndpoints",
-            "Number of serve endpoints is greater than 0",
-            inp.now,
-        )
+        ready = (True, "NonZeroServeEndpoints", "Number of serve endpoints is greater than 0")
     elif was_ready:
-        ready = _condition(
-            previous, "Ready", False, "ZeroServeEndpoints", "Number of serve endpoints dropped to 0", inp.now
-        )
+        ready = (False, "ZeroServeEndpoints", "Number of serve endpoints dropped to 0")
     else:
-        ready = _condition(previous, "Ready", False, "Initializing", "RayService is initializing", inp.now)
-    if active:
-        upgrade = _condition(
-            previous,
-            "UpgradeInProgress",
-            False,
-            "NoPendingCluster",
-            "Active Ray cluster exists and no pending Ray cluster",
-            inp.now,
-        )
-    else:
-        upgrade = _condition(
-            previous, "UpgradeInProgress", False, "Initializing", "RayService is initializing", inp.now
-        )
-    conditions = [ready, upgrade]
+        ready = initializing
+    upgrade = (
+        (False, "NoPendingCluster", "Active Ray cluster exists and no pending Ray cluster")
+        if active
+        else initializing
+    )
+    conditions = [
+        _condition(previous, "Ready", *ready, inp.now),
+        _condition(previous, "UpgradeInProgress", *upgrade, inp.now),
+    ]
     for condition in conditions:
         condition["observedGeneration"] = 1
     status: dict[str, Any] = {"conditions": conditions, "observedGeneration": 1}
