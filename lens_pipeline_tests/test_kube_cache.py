@@ -17,7 +17,15 @@ import orjson
 import pytest
 
 from lens_pipeline.clusters import ClusterConfig
-from lens_pipeline.kube.cache import EVERY_RUN, WARM, WARM_OWNERS, WatchCache, WatchCacheServer
+from lens_pipeline.collect.objects import LAST_APPLIED
+from lens_pipeline.kube.cache import (
+    EVERY_RUN,
+    WARM,
+    WARM_OWNERS,
+    WatchCache,
+    WatchCacheServer,
+    without_unread_fields,
+)
 from lens_pipeline.kube.reader import KUBE_FIELDS, KubeError, KubeReader, cacheable
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer
 
@@ -581,3 +589,27 @@ def test_an_edit_of_a_clusters_prometheus_or_exporters_alone_keeps_what_the_cach
     assert _served_from_cache(run, NODES)
     watch_cache.set_clusters({NAME: edited.model_copy(update={"token": cluster.token + "x"})})
     assert not watch_cache._collections and kept.stop.is_set()
+
+
+def test_the_cache_keeps_no_field_owners_nor_kubectls_copy_of_the_spec() -> None:
+    """What no collector reads is not kept (managedFields; kubectl's last-applied-configuration, a
+    copy of the spec); every other annotation is. An object with neither is kept as it came, and a
+    malformed one is left for the collectors to report."""
+    applied = {
+        "kind": "Deployment",
+        "metadata": {
+            "name": "d",
+            "managedFields": [{"manager": "kubectl-client-side-apply"}],
+            "annotations": {LAST_APPLIED: '{"kind":"Deployment"}\n', "team": "a"},
+        },
+        "spec": {"replicas": 1},
+    }
+    assert without_unread_fields(applied) == {
+        "kind": "Deployment",
+        "metadata": {"name": "d", "annotations": {"team": "a"}},
+        "spec": {"replicas": 1},
+    }
+    assert LAST_APPLIED in applied["metadata"]["annotations"]  # the listed object is not changed
+    plain = {"metadata": {"name": "p", "annotations": {"team": "a"}}}
+    odd = {"metadata": {"name": "o", "annotations": ["not", "a", "map"]}}
+    assert without_unread_fields(plain) is plain and without_unread_fields(odd) is odd

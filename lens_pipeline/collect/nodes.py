@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from lens_pipeline.collect.objects import without_unread_metadata
 from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name, text_without_nul
 from lens_pipeline.collect.quantity import whole_units
 from lens_pipeline.vendors import VendorProfile
@@ -88,7 +89,7 @@ def node_row(
     utilization: float | None,
 ) -> Row:
     """The `node` row of one GPU node (without cluster_name and timestamps, which the writer adds)."""
-    metadata = mapping(node, "metadata", required=True)
+    metadata = without_unread_metadata(mapping(node, "metadata", required=True))
     name = metadata.get("name")
     if not isinstance(name, str) or not name:
         raise MalformedObject("missing metadata.name")

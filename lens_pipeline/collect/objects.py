@@ -19,6 +19,24 @@ KEPT_METADATA = (
     "labels",
 )
 
+# kubectl's client-side apply keeps the manifest it sent, as JSON, in this annotation of the object
+# (kubectl's `GetModifiedConfiguration`): a second copy of the spec, escaped, often most of the
+# object's metadata. No collector reads it and nothing we serve shows it, so it is not kept.
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def without_unread_metadata(metadata: dict) -> dict:
+    """`metadata` without what no collector reads: server-side apply's `managedFields` and kubectl's
+    last-applied annotation. The same dict when it has neither (the usual case, on a hot path)."""
+    annotations = metadata.get("annotations")
+    last_applied = annotations.__class__ is dict and LAST_APPLIED in annotations
+    if not last_applied and "managedFields" not in metadata:
+        return metadata
+    kept = {k: v for k, v in metadata.items() if k != "managedFields"}
+    if last_applied:
+        kept["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return kept
+
 
 class KindRef(NamedTuple):
     """An object kind as ownerReferences name it, and how to list it (a tuple: built 100k times a run)."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lens_pipeline.collect.objects import KEPT_METADATA, KindRef, OwnerRef, owner_ref
+from lens_pipeline.collect.objects import KEPT_METADATA, KindRef, OwnerRef, owner_ref, without_unread_metadata
 from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name
 
 if TYPE_CHECKING:
@@ -41,8 +41,9 @@ _CHAIN_METADATA = ("name", "namespace", "uid", "ownerReferences", "labels")
 
 
 def project_owner(obj: object, *, whole: bool = True) -> dict | Problem:
-    """Keep what a `gpu_workload` row and its snapshot need (no managedFields); a `Problem` when the
-    object has no metadata or uid to be found by (its pods' chains then end at it).
+    """Keep what a `gpu_workload` row and its snapshot need (not managedFields nor kubectl's
+    last-applied annotation: `without_unread_metadata`); a `Problem` when the object has no
+    metadata or uid to be found by (its pods' chains then end at it).
 
     Not `whole`: an object whose row is already built from it (it did not change since), of which
     only what the owner chains and its workload's status read is kept."""
@@ -63,6 +64,7 @@ def project_owner(obj: object, *, whole: bool = True) -> dict | Problem:
             "spec": obj.get("spec") if safe else None,
             "status": obj.get("status"),
         }
+    metadata = without_unread_metadata(metadata)
     return {
         "apiVersion": obj.get("apiVersion"),
         "kind": obj.get("kind"),

@@ -29,7 +29,8 @@ watches it (`Reflector`): the API server sends only the changes. The runs ask th
   objects either way, but for what no collector reads: pods are cut down to what the collectors
   read of them (`slim_pod`: the projection of the cut pod is the projection of the whole one), a
   half or less of their bytes to parse in every run, and every other object loses its
-  `metadata.managedFields` (often a third of its bytes). Pages (`limit`, `continue`) come from a
+  `metadata.managedFields` (often a third of its bytes) and kubectl's last-applied-configuration
+  annotation (a copy of the spec on whatever was applied with `kubectl apply`). Pages (`limit`, `continue`) come from a
   snapshot taken at the first page.
 - With tokens (`$LENS_WATCH_CACHE_TOKEN`, comma-separated during a rotation), every request for
   objects must carry `Authorization: Bearer <one of them>`; the runs send the first. A request
@@ -58,6 +59,7 @@ import orjson
 
 from lens_pipeline import bearer
 from lens_pipeline.clusters import ClusterConfig
+from lens_pipeline.collect.objects import without_unread_metadata
 from lens_pipeline.collect.pods import slim_pod
 from lens_pipeline.kube.reader import (
     ENTRY_PARAMETER,
@@ -81,7 +83,7 @@ MAX_WAIT_SECONDS = 120.0
 # A LIST's later pages are served from the snapshot of its first page for this long.
 PAGES_SECONDS = 300.0
 # What is kept of each object of a collection, as served (JSON); the others are kept whole but for
-# their managedFields (`without_managed_fields`).
+# their managedFields and kubectl's last-applied annotation (`without_unread_fields`).
 CUT: dict[str, Callable[[Any], Any]] = {"/api/v1/pods": slim_pod}
 # The kinds GPU pods commonly belong to, up their owner chains (Deployments' ReplicaSets, Jobs and
 # CronJobs, StatefulSets (also LeaderWorkerSets' groups), DaemonSets (a GPU pod on every node: burn-in,
@@ -467,7 +469,7 @@ class WatchCache:
         """Start keeping `path` of the cluster. `warm`: kept from the start, not asked for by a run:
         but for what every run lists, a kind the cluster does not serve or lets us not list is
         let go (`Reflector.absent`: `_let_go`)."""
-        cut = CUT.get(path, without_managed_fields)
+        cut = CUT.get(path, without_unread_fields)
 
         def keep(obj: Any) -> bytes:
             return orjson.dumps(cut(obj))
@@ -516,13 +518,14 @@ def warm_paths(paths: Sequence[str]) -> tuple[str, ...]:
     return tuple(paths)
 
 
-def without_managed_fields(obj: Any) -> Any:
-    """The object without `metadata.managedFields` (server-side apply's field owners, which no
-    collector reads); anything else as it came."""
+def without_unread_fields(obj: Any) -> Any:
+    """The object without what no collector reads (`without_unread_metadata`: managedFields and
+    kubectl's last-applied annotation); anything else as it came."""
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
-    if not isinstance(metadata, dict) or "managedFields" not in metadata:
+    if not isinstance(metadata, dict):
         return obj
-    return {**obj, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
+    kept = without_unread_metadata(metadata)
+    return obj if kept is metadata else {**obj, "metadata": kept}
 
 
 def _not_served(kept: Kept[bytes], now: float, max_age: float) -> str:

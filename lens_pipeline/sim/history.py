@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lens_pipeline.sim.kubeobjects import parse_time
+from lens_pipeline.sim.kubeobjects import parse_time, stored_annotations
 from lens_pipeline.sim.state import ClusterState, NodeGpus, PodRecord
 from lens_pipeline.sim.vendors import GpuDevice, GpuProduct
 
@@ -193,7 +193,7 @@ class ClusterHistory:
                 else metadata.get("namespace", ""),
                 metadata["name"],
                 dict(metadata.get("labels") or {}),
-                dict(metadata.get("annotations") or {}),
+                stored_annotations(metadata),
             )
         return top.uid
 

@@ -467,6 +467,12 @@ def applied_with_kubectl(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def stored_annotations(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The annotations the Lens database should hold of an object: all but kubectl's last-applied
+    copy of the spec, which lens-pipeline does not keep (docs/DIFFERENCES.md)."""
+    return {k: v for k, v in (metadata.get("annotations") or {}).items() if k != LAST_APPLIED}
+
+
 def object_metadata(
     name: str,
     namespace: str | None,

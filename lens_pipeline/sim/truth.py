@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lens_pipeline.sim.kinds import BY_TYPE
+from lens_pipeline.sim.kubeobjects import stored_annotations
 from lens_pipeline.sim.objects import StoredObject
 from lens_pipeline.sim.vendors import VENDORS, SimVendor
 
@@ -124,7 +125,7 @@ def node_row(
         "driver_version": _driver_version(labels, vendor),
         "taints": {"taints": [dict(taint) for taint in taints]} if taints else {},
         "labels": dict(labels),
-        "annotations": dict(metadata.get("annotations") or {}),
+        "annotations": stored_annotations(metadata),
     }
 
 
@@ -320,7 +321,7 @@ def workload_rows(
                 "name": metadata["name"],
                 "parent_uid": parent_uids[uid],
                 "labels": dict(metadata.get("labels") or {}),
-                "annotations": dict(metadata.get("annotations") or {}),
+                "annotations": stored_annotations(metadata),
                 "gpu_request": gpu_request,
                 "status": status,
                 "pod_uids": sorted(pod_uids[uid]),

@@ -28,6 +28,7 @@ from lens_pipeline.defs.resources import ClusterRegistryResource, KubernetesReso
 from lens_pipeline.kube.cache import WatchCache, WatchCacheServer
 from lens_pipeline.kube.reader import KubeReader
 from lens_pipeline.sim.fleet import SimCluster, SimFleet
+from lens_pipeline.sim.kubeobjects import LAST_APPLIED
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.db import get_engine
@@ -35,6 +36,7 @@ from lens_pipeline.store.schema import (
     gpu_device,
     gpu_pods,
     gpu_workload,
+    gpu_workload_snapshot,
     rdma_device,
     storage,
     workload_pod_reference,
@@ -190,6 +192,31 @@ def test_every_collector_equals_the_truth_through_churn(fleet_and_registry, lens
         == quiet["gpu_workloads"]["workload_snapshots_written"]
         == 0
     )
+
+
+def test_kubectl_copy_of_a_spec_is_not_kept(fleet_and_registry, lens_url):
+    """Workloads applied with kubectl carry the manifest it sent in an annotation (the simulator's,
+    as real ones): neither a workload's annotations nor its snapshot keep that copy, and every
+    other annotation and the spec itself are kept."""
+    fleet, _, registry, instance = fleet_and_registry
+    cluster = fleet.clusters[0]
+    collect(cluster.name, registry, lens_url, instance)
+    listed = {
+        entry.obj["metadata"]["uid"]: entry.obj
+        for resource in ("deployments", "jobs", "pytorchjobs", "statefulsets", "rayjobs", "mpijobs")
+        for entry in cluster.simulated_objects(resource)
+    }
+    applied = {uid for uid, obj in listed.items() if LAST_APPLIED in obj["metadata"].get("annotations", {})}
+    workloads = {r["uid"]: r for r in table(lens_url, gpu_workload, cluster.name)}
+    snapshots = {r["uid"]: r["detail"] for r in table(lens_url, gpu_workload_snapshot, cluster.name)}
+    assert applied & workloads.keys() and applied & snapshots.keys()  # the case is there to test
+    for uid in applied & workloads.keys():
+        kept = {k: v for k, v in listed[uid]["metadata"]["annotations"].items() if k != LAST_APPLIED}
+        assert workloads[uid]["annotations"] == kept
+    assert any(workloads[uid]["annotations"] for uid in applied & workloads.keys())  # others are kept
+    for uid in applied & snapshots.keys():
+        assert snapshots[uid]["metadata"]["annotations"] == workloads[uid]["annotations"]
+        assert snapshots[uid]["spec"] == listed[uid]["spec"]
 
 
 def test_only_objects_whose_resource_version_moved_are_read_again(fleet_and_registry, lens_url, monkeypatch):
