@@ -29,11 +29,11 @@ def without_unread_metadata(metadata: dict) -> dict:
     """`metadata` without what no collector reads: server-side apply's `managedFields` and kubectl's
     last-applied annotation. The same dict when it has neither (the usual case, on a hot path)."""
     annotations = metadata.get("annotations")
-    last_applied = annotations.__class__ is dict and LAST_APPLIED in annotations
+    last_applied = isinstance(annotations, dict) and LAST_APPLIED in annotations
     if not last_applied and "managedFields" not in metadata:
         return metadata
     kept = {k: v for k, v in metadata.items() if k != "managedFields"}
-    if last_applied:
+    if last_applied and isinstance(annotations, dict):  # (the second test for mypy)
         kept["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
     return kept
 
