@@ -30,8 +30,8 @@ watches it (`Reflector`): the API server sends only the changes. The runs ask th
   read of them (`slim_pod`: the projection of the cut pod is the projection of the whole one), a
   half or less of their bytes to parse in every run, and every other object loses its
   `metadata.managedFields` (often a third of its bytes) and kubectl's last-applied-configuration
-  annotation (a copy of the spec on whatever was applied with `kubectl apply`). Pages (`limit`, `continue`) come from a
-  snapshot taken at the first page.
+  annotation (a copy of the spec on whatever was applied with `kubectl apply`). Pages (`limit`,
+  `continue`) come from a snapshot taken at the first page.
 - With tokens (`$LENS_WATCH_CACHE_TOKEN`, comma-separated during a rotation), every request for
   objects must carry `Authorization: Bearer <one of them>`; the runs send the first. A request
   without is answered 401 and counted; the run then lists from the API server and says why.

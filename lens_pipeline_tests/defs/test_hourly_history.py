@@ -29,9 +29,10 @@ from sqlalchemy import insert, select
 
 import lens_pipeline.defs.collectors.gpu_pods as gpu_pods_collector
 import lens_pipeline.defs.derived.statistics as statistics_view
+from lens_pipeline.collect.objects import LAST_APPLIED
 from lens_pipeline.definitions import defs
 from lens_pipeline.defs import resources
-from lens_pipeline.defs.history.assets import KEYS, UPSTREAM, hourly_history
+from lens_pipeline.defs.history.assets import KEYS, UPSTREAM, HistoryConfig, hourly_history
 from lens_pipeline.defs.history.partitions import history_key
 from lens_pipeline.defs.history.sensors import history_automation
 from lens_pipeline.defs.partitions import (
@@ -297,6 +298,14 @@ def _assert_safe_statistics(lens_url: str, safe_url: str, fleet: SimFleet) -> in
             assert abs(row["avg_gpu_usage_3h"] - mean) <= Decimal("0.01")
             checked += 1
     return checked
+
+
+def test_an_annotation_that_is_not_kept_is_refused_as_a_dimension():
+    """kubectl's last-applied copy of the spec is not stored (docs/DIFFERENCES.md W15): cutting by
+    it would count every workload under the default value, so the run configuration says so."""
+    with pytest.raises(ValueError, match="last-applied-configuration is not kept"):
+        HistoryConfig(annotation_keys=["project", LAST_APPLIED])
+    assert HistoryConfig(annotation_keys=["project"]).dimensions().annotation_keys == ("project",)
 
 
 def test_a_failing_cluster_fails_its_own_hour_only(tmp_path):

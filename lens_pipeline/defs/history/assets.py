@@ -44,6 +44,7 @@ from lens_pipeline.collect.history import (
     hour_tables,
     step_count,
 )
+from lens_pipeline.collect.objects import LAST_APPLIED
 from lens_pipeline.defs.batches import BatchReport
 from lens_pipeline.defs.collectors.common import ClusterAssetsConfig, ClusterTurn, check
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
@@ -134,6 +135,16 @@ class HistoryConfig(Config):
     @classmethod
     def _divides_an_hour(cls, value: int) -> int:
         step_count(value)
+        return value
+
+    @field_validator("annotation_keys")
+    @classmethod
+    def _kept_annotations(cls, value: list[str]) -> list[str]:
+        if LAST_APPLIED in value:
+            raise ValueError(
+                f"{LAST_APPLIED} is not kept (a copy of the spec kubectl writes, docs/DIFFERENCES.md "
+                "W15): every workload would count under the default value"
+            )
         return value
 
     def dimensions(self) -> Dimensions:
