@@ -168,7 +168,8 @@ class Controllers:
         terminating_share: float = 0.0,
     ) -> tuple[str, list[str]]:
         """Create the pods of one unit of work (a gang: placed all together or not at all); returns
-        the outcome they got (Running falls back when the cluster has no room) and their keys."""
+        the outcome they got and their keys. Running falls back when the cluster has no room: to
+        Pending, or (as if it ran earlier) to Succeeded or Failed for pods that may end."""
         rng, state = self.rng, self.state
         nodes: list[str | None]
         if outcome == "Running":
@@ -176,6 +177,10 @@ class Controllers:
             placed = state.place(rng, [plan.gpus for plan in floating])
             if placed is None:
                 outcome = rng.choices(("Pending", "Succeeded", "Failed"), weights=(10, 75, 15))[0]
+                if any(plan.restart_policy == "Always" for plan in plans):
+                    # The kubelet restarts such a pod's containers whatever their exit: it never
+                    # ends Succeeded or Failed, and without room it waits to be scheduled.
+                    outcome = "Pending"
                 timeline = Timeline(
                     timeline.created, timeline.started, max(timeline.changed, timeline.started + 60)
                 )

@@ -256,3 +256,23 @@ def test_lens_sim_churns_in_the_background(tmp_path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_on_a_full_cluster_a_service_waits_where_a_job_may_have_run() -> None:
+    """Where no node has room, a Deployment's or StatefulSet's pod (restartPolicy Always: the kubelet
+    restarts its containers whatever their exit) waits Pending and unscheduled; it never starts out
+    Succeeded or Failed, as the pods of a Job or a PyTorchJob may (their work ran earlier)."""
+    cluster = SimCluster("crowded", "amd", 4, seed=3, pods_per_node=40, clock=_fixed_clock)
+    pods = [entry.obj for entry in cluster.simulated_objects("pods")]
+    served = [
+        pod
+        for pod in pods
+        if (pod["metadata"].get("ownerReferences") or [{}])[0].get("kind") in ("ReplicaSet", "StatefulSet")
+    ]
+    assert {pod["spec"]["restartPolicy"] for pod in served} == {"Always"}
+    assert {(pod["status"]["phase"], bool(pod["spec"].get("nodeName"))) for pod in served} == {
+        ("Running", True),
+        ("Pending", False),
+    }
+    ended = {pod["status"]["phase"] for pod in pods if pod["spec"]["restartPolicy"] != "Always"}
+    assert {"Succeeded", "Failed"} <= ended
