@@ -211,7 +211,15 @@ def spawn_rayjob(ctl: Controllers, now: float, outcome: str | None) -> Spawned:
         ),
     )
     plans = _ray_pods(ctl, namespace, cluster_name, cluster_uid, head_containers, worker_containers, workers)
-    outcome, keys = ctl.create_pods(namespace, plans, outcome, timeline, RAY_IMAGE)
+    # With `shutdownAfterJobFinishes: false` (KubeRay's default) the cluster outlives its job: a
+    # finished RayJob's head and workers still run, holding their GPUs idle.
+    finished = outcome in controllers.TERMINAL_PHASES
+    started, keys = ctl.create_pods(namespace, plans, "Running" if finished else outcome, timeline, RAY_IMAGE)
+    if not finished or started != "Running":
+        outcome = started  # without room, the job has not run
+    else:
+        for key in keys:
+            ctl.state.idle_devices(key)
     # KubeRay's submitter: a Job named after the RayJob that runs `ray job submit`.
     submitter_uid = new_uid(rng)
     submitter = controllers.job(

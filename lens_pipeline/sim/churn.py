@@ -158,7 +158,10 @@ class ChurnStep:
             lambda r: (
                 r.resource in RUN_TO_COMPLETION
                 and _dispatches_job(self.state, r)
-                and any(p.phase == "Running" for p in self.controllers.pods_of(r.uid))
+                and any(
+                    p.phase == "Running" and self.controllers.may_end(p)
+                    for p in self.controllers.pods_of(r.uid)
+                )
             )
         )
         return top is not None and self.controllers.finish(top.uid, self.now, succeeded)

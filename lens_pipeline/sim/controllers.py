@@ -734,7 +734,11 @@ def rayjob_status(inp: StatusInput) -> dict[str, Any]:
     old = inp.obj.get("status", {})
     if old.get("jobDeploymentStatus") in ("Complete", "Failed"):
         return old
-    outcome = PodCounts.of(inp.pods).outcome
+    # The job's outcome is its submitter's once that ended (the cluster may outlive it); until
+    # then the cluster's.
+    submitters = {child["metadata"]["uid"] for child in inp.children if child.get("kind") == "Job"}
+    ended = [p for p in inp.pods if p.owner in submitters and p.phase in TERMINAL_PHASES]
+    outcome = PodCounts.of(ended or [p for p in inp.pods if p.owner not in submitters]).outcome
     job_status, deployment_status = {
         "Pending": ("PENDING", "Initializing"),
         "Running": ("RUNNING", "Running"),

@@ -354,16 +354,25 @@ class Controllers:
         return True
 
     def finish(self, uid: str, now: float, succeeded: bool) -> bool:
-        """Run-to-completion work ends: its active pods succeed, or the first fails and takes the rest."""
-        pods = [r for r in self.pods_of(uid) if r.phase in ("Running", "Pending") and r.node]
+        """Run-to-completion work ends: its active pods succeed, or the first fails and takes the rest.
+        Pods that restart Always (a RayJob's cluster, kept after its job) run on, their GPUs idle."""
+        active = [r for r in self.pods_of(uid) if r.phase in ("Running", "Pending") and r.node]
+        pods = [r for r in active if self.may_end(r)]
         if not pods:
             return False
         for index, record in enumerate(pods):
             self.set_pod_phase(record.key, "Succeeded" if succeeded or index else "Failed", now)
+        for record in active:
+            if record.phase == "Running" and not self.may_end(record):
+                self.state.idle_devices(record.key)
         for record in [r for r in self.pods_of(uid) if r.phase == "Pending" and not r.node]:
             self.state.remove("pods", record.key)  # never scheduled: the operator deletes them
         self.refresh_up(pods, now)
         return True
+
+    def may_end(self, record: PodRecord) -> bool:
+        """Whether the pod can end Succeeded or Failed: not when it restarts Always."""
+        return self.state.read("pods", record.key)["spec"].get("restartPolicy") != "Always"
 
     def pods_of(self, uid: str) -> list[PodRecord]:
         state = self.state

@@ -485,9 +485,16 @@ def test_the_read_api_on_a_real_prometheus_answers_as_on_the_simulators(scraped,
         for node in truth(server, name)["nodes"]:
             if node["status"] != "Ready":
                 continue
-            from_real, from_sim = both(f"/v1/nodes/{node['name']}/utilization", cluster=name)
             # irate of two scrapes a second apart: the counters are read a few ms after each
-            # scrape's timestamp (more on a busy machine), and count hundredths of a second.
+            # scrape's timestamp, and count hundredths of a second. On a busy machine a scrape
+            # answered a second late doubles one irate (16 % against 8.1 % once, as a real
+            # node_exporter read late would): such a pair is asked again a scrape later, up to
+            # five times, so that only a lasting difference fails.
+            for _ in range(5):
+                from_real, from_sim = both(f"/v1/nodes/{node['name']}/utilization", cluster=name)
+                if from_real["cpu_utilization"] == pytest.approx(from_sim["cpu_utilization"], abs=5.0):
+                    break
+                time.sleep(1.0)
             assert from_real["cpu_utilization"] == pytest.approx(from_sim["cpu_utilization"], abs=5.0)
             assert from_real["mem_utilization"] == pytest.approx(from_sim["mem_utilization"])
             assert from_real["cpu_utilization"] is not None

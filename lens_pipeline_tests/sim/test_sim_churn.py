@@ -276,3 +276,48 @@ def test_on_a_full_cluster_a_service_waits_where_a_job_may_have_run() -> None:
     }
     ended = {pod["status"]["phase"] for pod in pods if pod["spec"]["restartPolicy"] != "Always"}
     assert {"Succeeded", "Failed"} <= ended
+
+
+def _finished_rayjobs(cluster: SimCluster) -> dict[str, str]:
+    """Each finished RayJob's name and jobStatus, after checking it as KubeRay leaves one with
+    `shutdownAfterJobFinishes: false`: the submitter's pod ended as the job did, and the cluster's
+    head and workers run on, holding GPUs they no longer use."""
+    jobs = {entry.obj["metadata"]["name"]: entry.obj for entry in cluster.simulated_objects("rayjobs")}
+    finished = {
+        name: job["status"]["jobStatus"]
+        for name, job in jobs.items()
+        if job["status"].get("jobDeploymentStatus") in ("Complete", "Failed")
+    }
+    clusters = {
+        entry.obj["metadata"]["name"]: entry.obj["metadata"]["ownerReferences"][0]["name"]
+        for entry in cluster.simulated_objects("rayclusters")
+        if entry.obj["metadata"].get("ownerReferences")
+    }
+    state = cluster._state
+    for entry in cluster.simulated_objects("pods"):
+        pod = entry.obj
+        (owner,) = pod["metadata"].get("ownerReferences") or [{"kind": None}]
+        if owner["kind"] == "Job" and owner["name"] in finished:
+            assert (
+                pod["status"]["phase"]
+                == {"SUCCEEDED": "Succeeded", "FAILED": "Failed"}[finished[owner["name"]]]
+            )
+        elif owner["kind"] == "RayCluster" and clusters.get(owner["name"]) in finished:
+            assert pod["status"]["phase"] == "Running" and pod["spec"]["nodeName"]
+            devices = state.gpus[pod["spec"]["nodeName"]]
+            held = [
+                devices.utilization[index]
+                for index, holder in enumerate(devices.owners)
+                if holder and holder[:2] == (pod["metadata"]["namespace"], pod["metadata"]["name"])
+            ]
+            assert all(value < 3.3 for value in held), held
+    return finished
+
+
+def test_a_finished_rayjob_keeps_its_cluster_running_with_its_gpus_idle() -> None:
+    cluster = SimCluster("ray", "amd", 40, seed=5, pods_per_node=6, clock=_fixed_clock)
+    generated = _finished_rayjobs(cluster)
+    assert generated
+    cluster.churn(30)
+    churned = _finished_rayjobs(cluster)
+    assert churned.keys() - generated.keys()  # some finished during the churn
