@@ -456,27 +456,33 @@ class ClusterState:
     def idle_devices(self, key: str) -> None:
         """The GPUs a running pod holds are no longer used (its work ended, the pod lives on)."""
         record = self.pod(key)
-        gpus = self.gpus.get(record.node) if record is not None else None
-        if record is None or gpus is None:
+        held = self._held_devices(record) if record is not None else None
+        if record is None or held is None:
             return
-        namespace, name = key.split("/", 1)
-        for index, owner in enumerate(gpus.owners):
-            if owner is not None and owner[:2] == (namespace, name):
-                gpus.utilization[index] = round(
-                    _utilization(record.uid, index, True), self.profile.util_decimals
-                )
+        gpus, indices = held
+        for index in indices:
+            gpus.utilization[index] = round(_utilization(record.uid, index, True), self.profile.util_decimals)
         self.changed()
 
     def _release_devices(self, record: PodRecord) -> None:
+        held = self._held_devices(record)
+        if held is None:
+            return
+        gpus, indices = held
+        for index in indices:
+            gpus.owners[index] = None
+            gpus.utilization[index] = 0.0
+        self.changed()
+
+    def _held_devices(self, record: PodRecord) -> tuple[NodeGpus, list[int]] | None:
+        """The devices of the pod's node and the indices of those it holds; None off a GPU node."""
         gpus = self.gpus.get(record.node)
         if gpus is None:
-            return
+            return None
         namespace, name = record.key.split("/", 1)
-        for index, owner in enumerate(gpus.owners):
-            if owner is not None and owner[0] == namespace and owner[1] == name:
-                gpus.owners[index] = None
-                gpus.utilization[index] = 0.0
-        self.changed()
+        return gpus, [
+            i for i, owner in enumerate(gpus.owners) if owner is not None and owner[:2] == (namespace, name)
+        ]
 
 
 def _utilization(uid: str, index: int, idle: bool) -> float:

@@ -356,14 +356,16 @@ class Controllers:
     def finish(self, uid: str, now: float, succeeded: bool) -> bool:
         """Run-to-completion work ends: its active pods succeed, or the first fails and takes the rest.
         Pods that restart Always (a RayJob's cluster, kept after its job) run on, their GPUs idle."""
-        active = [r for r in self.pods_of(uid) if r.phase in ("Running", "Pending") and r.node]
-        pods = [r for r in active if self.may_end(r)]
+        pods, kept = [], []
+        for record in self.pods_of(uid):
+            if record.phase in ("Running", "Pending") and record.node:
+                (pods if self.may_end(record) else kept).append(record)
         if not pods:
             return False
         for index, record in enumerate(pods):
             self.set_pod_phase(record.key, "Succeeded" if succeeded or index else "Failed", now)
-        for record in active:
-            if record.phase == "Running" and not self.may_end(record):
+        for record in kept:
+            if record.phase == "Running":
                 self.state.idle_devices(record.key)
         for record in [r for r in self.pods_of(uid) if r.phase == "Pending" and not r.node]:
             self.state.remove("pods", record.key)  # never scheduled: the operator deletes them
