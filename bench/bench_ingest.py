@@ -47,6 +47,22 @@ from lens_pipeline_tests.ingest.support import gpu_container  # noqa: E402
 PLACEHOLDER = "f" * 64
 
 
+def event_template() -> tuple[bytes, bytes]:
+    """The bench's event (a k8s container with 8 GPUs and an RDMA NIC, about 3 KB) around the place of
+    its 64-character container id, which `bench_event` fills in."""
+    data = gpu_container(0, "Running", gpus=8, nics=1)
+    template = agent.event("Running", PLACEHOLDER, {**data, "id": PLACEHOLDER}, "bench-node")
+    head, _, tail = template.partition(PLACEHOLDER.encode())
+    return head, tail
+
+
+def bench_event(head: bytes, tail: bytes, unique: str, event_id: bool) -> bytes:
+    """One distinct event: `unique` (64 characters) as its container id, and as its event_id too."""
+    raw = unique.encode()
+    # field 5 (event_id), length-delimited: 64 characters
+    return head + raw + tail + (b"\x2a\x40" + raw if event_id else b"")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -188,9 +204,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _client(args: argparse.Namespace) -> dict:
-    data = gpu_container(0, "Running", gpus=8, nics=1)
-    template = agent.event("Running", PLACEHOLDER, {**data, "id": PLACEHOLDER}, "bench-node")
-    head, _, tail = template.partition(PLACEHOLDER.encode())
+    head, tail = event_template()
     method = agent.BATCH_METHOD if args.mode == "batch" else agent.K8S_METHOD
     per_message = args.batch if args.mode == "batch" else 1
     start = time.monotonic()
@@ -274,9 +288,7 @@ async def _stream(
         events = []
         for _ in range(per_message):
             seq += 1
-            unique = f"{prefix}{seq:056x}".encode()
-            # field 5 (event_id), length-delimited: 64 characters
-            events.append(head + unique + tail + (b"\x2a\x40" + unique if event_ids else b""))
+            events.append(bench_event(head, tail, f"{prefix}{seq:056x}", event_ids))
         message = agent.batch(events) if per_message > 1 or method == agent.BATCH_METHOD else events[0]
         sent.append((seq, time.monotonic()))
         await call.write(message)
