@@ -3,8 +3,8 @@ pays before it checks or stores anything (`bench_ingest.py --floor` runs it in p
 
 A grpc.aio server on the same port and methods, with gRPC health, whose stream handler reads each
 message of a stream, splits a `ContainerEventBatch` into its events (without decoding them, as lens
-ingest does) and acknowledges every event at once: the gRPC transport, the event loop, the split and
-the replies, nothing else. `--parse` also decodes each event (`ContainerEvent.FromString`, C), the
+ingest does; the original's methods carry one event a message) and acknowledges every message at
+once: the gRPC transport, the event loop, the split and the replies, nothing else. `--parse` also decodes each event (`ContainerEvent.FromString`, C), the
 first thing lens ingest does with it. With `--workers N`, N such processes share the port
 (SO_REUSEPORT), as `lens ingest --workers N`.
 
@@ -24,23 +24,30 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from lens_pipeline.ingest.events import ContainerEvent, split_batch
-from lens_pipeline.ingest.server import BATCH_METHOD, SERVICE
+from lens_pipeline.ingest.server import BATCH_METHOD, METHOD_SOURCES, SERVICE
 
 
-async def _serve(port: int, shared: bool, parse: bool) -> None:
+def _handler(batches: bool, parse: bool) -> grpc.RpcMethodHandler:
+    """A stream's handler: every message acknowledged as soon as it is read (raw bytes in and out)."""
+
     async def stream(requests, _context):
         acked = 0
         async for raw in requests:
-            events, _source = split_batch(raw)
+            events = split_batch(raw)[0] if batches else [raw]
             if parse:
                 for event in events:
                     ContainerEvent.FromString(event)
             acked += len(events)
             yield ContainerEvent(type="ack", sequence=acked).SerializeToString()
 
+    return grpc.stream_stream_rpc_method_handler(stream)
+
+
+async def _serve(port: int, shared: bool, parse: bool) -> None:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 1 if shared else 0)])
-    handler = grpc.stream_stream_rpc_method_handler(stream)  # raw bytes in and out
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {BATCH_METHOD: handler}),))
+    handlers = {method: _handler(False, parse) for method in METHOD_SOURCES}  # an event a message
+    handlers[BATCH_METHOD] = _handler(True, parse)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     checks = health.HealthServicer()
     checks.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
