@@ -6,7 +6,7 @@ The event is `bench_ingest.py`'s (about 3 KB: a k8s container with 8 GPUs and an
 `ContainerEventBatch` of `--batch` events with event ids. Stages: the batch split, the decode
 (`ContainerEvent.FromString`, upb), the shape check of the agent's `data` (on a freshly decoded
 event, as the server meets it: the decode and the check together, less the decode), the whole
-`from_grpc` (decode, checks, replay key, row), and the event's record in the log segment.
+`from_grpc` (decode, checks, the replay key from the event id, the row), and the event's record in the log segment.
 
     .venv/bin/python bench/ingest_stages.py
 """
