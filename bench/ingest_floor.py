@@ -6,8 +6,7 @@ message of a stream, splits a `ContainerEventBatch` into its events (without dec
 ingest does; the original's methods carry one event a message) and acknowledges every message at
 once: the gRPC transport, the event loop, the split and the replies, nothing else. `--parse` also
 decodes each event (`ContainerEvent.FromString`, C), the first thing lens ingest does with it. With
-`--workers N`, N such processes share the port
-(SO_REUSEPORT), as `lens ingest --workers N`.
+`--workers N`, N such processes share the port (SO_REUSEPORT), as `lens ingest --workers N`.
 
     .venv/bin/python bench/ingest_floor.py --port 50099 --workers 2
 """
