@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +288,21 @@ def _safe_url(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def _demo_epoch(state: Path, now: datetime) -> float:
+    """The instant the demo's clusters are generated as of (`SimCluster(..., epoch=)`): midnight UTC
+    a day before the hourly history's first hour. Every hour the UI offers then finds the objects
+    made and settled, as the simulator's Prometheus answers for the past (the state it starts in),
+    and a running job has run for days or weeks, not since a fixed date long gone. Kept in the state
+    directory, so that a restarted demo makes the same objects again (`--fresh` starts anew)."""
+    path = state / "sim-epoch"
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return float(path.read_text())
+    start = now - timedelta(days=settings.history_days() + 1)
+    epoch = start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    path.write_text(f"{epoch:.0f}\n")
+    return epoch
+
+
 def _demo(args: argparse.Namespace) -> int:
     """Start the simulator in this process and `dagster dev` beside it; Ctrl-C stops both."""
     from lens_pipeline.sim.cli import SWITCH_INTERVAL_SECONDS, churn_forever
@@ -331,7 +346,12 @@ def _demo(args: argparse.Namespace) -> int:
     )
     # Keeping history, its Prometheus answers for past hours: the hourly history has something to read.
     fleet = SimFleet.generate(
-        clusters=args.clusters, nodes=args.nodes, seed=args.seed, vendor="mixed", history=True
+        clusters=args.clusters,
+        nodes=args.nodes,
+        seed=args.seed,
+        vendor="mixed",
+        history=True,
+        epoch=_demo_epoch(state, started_at),
     )
     # The simulator serves from this process, as `lens sim` does from its own: the same short GIL
     # slices, so that a Kubernetes page does not queue behind a PromQL evaluation.

@@ -250,3 +250,22 @@ def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path
         for process in [*tree, psutil.Process(demo.pid) if demo.poll() is None else None]:
             if process is not None and process.is_running():
                 process.kill()
+
+
+def test_the_demo_generates_its_clusters_settled_before_the_first_hour_of_its_history(tmp_path, monkeypatch):
+    """`lens demo` generates its clusters as of a day before the first hour the UI offers (so that
+    Prometheus' answers for any of its hours match the objects), not as of the simulator's fixed
+    default instant long gone; a restarted demo keeps the instant and so makes the same objects."""
+    from datetime import UTC, datetime, timedelta
+
+    from lens_pipeline import cli, settings
+    from lens_pipeline.defs.history.partitions import first_hour
+
+    monkeypatch.setenv(settings.LENS_HISTORY_DAYS, "7")
+    now = datetime(2026, 11, 29, 5, 30, tzinfo=UTC)
+    epoch = cli._demo_epoch(tmp_path, now)
+    assert epoch == datetime(2026, 11, 21, tzinfo=UTC).timestamp()
+    assert first_hour(now, 7).timestamp() - epoch == 86400
+    assert cli._demo_epoch(tmp_path, now + timedelta(days=3)) == epoch
+    (tmp_path / "fresh").mkdir()
+    assert cli._demo_epoch(tmp_path / "fresh", now + timedelta(days=3)) == epoch + 3 * 86400

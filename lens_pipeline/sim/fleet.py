@@ -87,12 +87,15 @@ class SimCluster:
         dialect: ExporterDialect = SHIPPED,
         history: bool = False,
         managed_fields: bool = True,
+        epoch: float = GENERATION_EPOCH,
     ) -> None:
         """`nodes` GPU nodes and `cpu_nodes` CPU nodes; workloads until there are `pods_per_node`
         workload pods per GPU node, or `pods` pods in all (DaemonSet pods included) when given.
         With `history`, every change is recorded, and Prometheus answers for past times as the
         cluster was then (`lens_pipeline.sim.history`). Without `managed_fields`, objects lack the
-        `metadata.managedFields` kube-apiserver writes (`lens_pipeline.sim.managed`)."""
+        `metadata.managedFields` kube-apiserver writes (`lens_pipeline.sim.managed`). The objects are
+        made as they stand at `epoch` (unix seconds; by default a fixed instant, so that a seed gives
+        byte-identical objects), each made, started or ended up to weeks or months before it."""
         if vendor not in VENDORS:
             raise ValueError(f"cluster {name!r}: vendor must be one of {sorted(VENDORS)}, got {vendor!r}")
         self.name = name
@@ -131,6 +134,7 @@ class SimCluster:
                 gpus_per_node=gpus_per_node,
                 workload_pods=round(nodes * pods_per_node),
                 total_pods=pods,
+                epoch=epoch,
             )
         finally:
             if gc_was_enabled:

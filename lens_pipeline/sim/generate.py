@@ -29,7 +29,8 @@ from lens_pipeline.sim.state import ClusterState, NodeGpus
 from lens_pipeline.sim.vendors import GpuDevice
 from lens_pipeline.sim.workloads import Controllers
 
-# Generated timestamps count back from a fixed instant so the same seed gives byte-identical objects.
+# Generated timestamps count back from an instant, by default this fixed one, so that the same seed
+# gives byte-identical objects; the demo moves it near its start (`SimCluster(..., epoch=)`).
 GENERATION_EPOCH = datetime(2025, 6, 1, tzinfo=UTC).timestamp()
 KUBE_VERSION = "v1.30.4"
 LAGGING_KUBE_VERSION = "v1.29.8"
@@ -65,14 +66,16 @@ def populate(
     gpus_per_node: int,
     workload_pods: int | None,
     total_pods: int | None,
+    epoch: float = GENERATION_EPOCH,
 ) -> None:
-    """Fill an empty cluster. `total_pods` (DaemonSet pods included) wins over `workload_pods`."""
+    """Fill an empty cluster as it stands at `epoch` (every object made, and every workload
+    started or ended, by then). `total_pods` (DaemonSet pods included) wins over `workload_pods`."""
     for i in range(gpu_nodes):
-        _gpu_node(state, rng, f"{state.name}-gpu-{i + 1:05d}", i + 1, gpus_per_node)
+        _gpu_node(state, rng, f"{state.name}-gpu-{i + 1:05d}", i + 1, gpus_per_node, epoch)
     for j in range(cpu_nodes):
-        _cpu_node(state, rng, f"{state.name}-cpu-{j + 1:03d}", 60001 + j)
-    _namespaces(state, rng)
-    _storage(state, rng)
+        _cpu_node(state, rng, f"{state.name}-cpu-{j + 1:03d}", 60001 + j, epoch)
+    _namespaces(state, rng, epoch)
+    _storage(state, rng, epoch)
     ctl = Controllers(state, rng)
     profile = state.profile
     all_nodes = sorted(state.node_index)
@@ -88,7 +91,7 @@ def populate(
                 profile.exporter_image,
             ),
         ):
-            made += len(catalog.spawn_daemonset(ctl, name, namespace, nodes, image, GENERATION_EPOCH).pods)
+            made += len(catalog.spawn_daemonset(ctl, name, namespace, nodes, image, epoch).pods)
         target = total_pods - made if total_pods is not None else workload_pods or 0
         kinds, weights = list(SPAWN_WEIGHTS), list(SPAWN_WEIGHTS.values())
         # One of every kind (and pods in every phase) first, so that even a small cluster shows them all.
@@ -97,13 +100,11 @@ def populate(
         while made < target:
             kind, outcome = first_round.pop(0) if first_round else (None, None)
             if target - made <= 2:
-                spawned = catalog.spawn(ctl, "pod", GENERATION_EPOCH)  # lands the count exactly
+                spawned = catalog.spawn(ctl, "pod", epoch)  # lands the count exactly
             elif kind == "safe" or (kind is None and rng.random() < SAFE_SHARE):
-                spawned = catalog.spawn_safe_workload(ctl, GENERATION_EPOCH, outcome, state.name)
+                spawned = catalog.spawn_safe_workload(ctl, epoch, outcome, state.name)
             else:
-                spawned = catalog.spawn(
-                    ctl, kind or rng.choices(kinds, weights)[0], GENERATION_EPOCH, outcome
-                )
+                spawned = catalog.spawn(ctl, kind or rng.choices(kinds, weights)[0], epoch, outcome)
             made += len(spawned.pods)
     # Busy devices drew their utilization when assigned; idle ones mostly read 0, sometimes a blip.
     for gpus in state.gpus.values():
@@ -113,15 +114,17 @@ def populate(
     state.changed()
 
 
-def _gpu_node(state: ClusterState, rng: random.Random, name: str, index: int, gpus_per_node: int) -> None:
+def _gpu_node(
+    state: ClusterState, rng: random.Random, name: str, index: int, gpus_per_node: int, epoch: float
+) -> None:
     profile = state.profile
     product = rng.choices(profile.products, weights=[p.weight for p in profile.products])[0]
     draw = rng.random()
     ready = draw >= 0.03
     cordoned = 0.03 <= draw < 0.05
     kubelet = LAGGING_KUBE_VERSION if rng.random() < 0.1 else KUBE_VERSION
-    created = GENERATION_EPOCH - rng.uniform(30, 400) * 86400
-    transition = GENERATION_EPOCH - rng.uniform(600, 30 * 86400)
+    created = epoch - rng.uniform(30, 400) * 86400
+    transition = epoch - rng.uniform(600, 30 * 86400)
     devices = [
         GpuDevice(i, str(uuid.UUID(int=rng.getrandbits(128))), f"{rng.getrandbits(48):012X}")
         for i in range(gpus_per_node)
@@ -162,6 +165,7 @@ def _gpu_node(state: ClusterState, rng: random.Random, name: str, index: int, gp
         cpu,
         memory_ki,
         {profile.resource: str(gpus_per_node)},
+        epoch,
     )
     if cordoned:
         node["spec"]["unschedulable"] = True
@@ -170,13 +174,13 @@ def _gpu_node(state: ClusterState, rng: random.Random, name: str, index: int, gp
     state.put("nodes", node)
 
 
-def _cpu_node(state: ClusterState, rng: random.Random, name: str, index: int) -> None:
-    created = GENERATION_EPOCH - rng.uniform(30, 400) * 86400
+def _cpu_node(state: ClusterState, rng: random.Random, name: str, index: int, epoch: float) -> None:
+    created = epoch - rng.uniform(30, 400) * 86400
     labels = base_node_labels(name, index)
     labels["node-role.kubernetes.io/control-plane"] = ""
     memory_ki = 512 * 1024 * 1024 - rng.randint(0, 60000)
     node = _node_object(
-        state, rng, name, index, created, labels, [], True, created, KUBE_VERSION, "64", memory_ki, {}
+        state, rng, name, index, created, labels, [], True, created, KUBE_VERSION, "64", memory_ki, {}, epoch
     )
     state.put("nodes", node)
 
@@ -195,6 +199,7 @@ def _node_object(
     cpu: str,
     memory_ki: int,
     resources: dict[str, str],
+    heartbeat: float,
 ) -> dict[str, Any]:
     addresses, cidr = node_addresses(index, name)
     state.node_index[name] = index
@@ -231,7 +236,7 @@ def _node_object(
         "status": {
             "capacity": capacity,
             "allocatable": allocatable,
-            "conditions": node_conditions(ready, GENERATION_EPOCH, transition),
+            "conditions": node_conditions(ready, heartbeat, transition),
             "addresses": addresses,
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": node_info(rng, kubelet),
@@ -239,8 +244,8 @@ def _node_object(
     }
 
 
-def _namespaces(state: ClusterState, rng: random.Random) -> None:
-    created = GENERATION_EPOCH - 400 * 86400
+def _namespaces(state: ClusterState, rng: random.Random, epoch: float) -> None:
+    created = epoch - 400 * 86400
     names = {
         "default",
         "kube-system",
@@ -256,8 +261,8 @@ def _namespaces(state: ClusterState, rng: random.Random) -> None:
         state.put("namespaces", namespace_object(name, new_uid(rng), created))
 
 
-def _storage(state: ClusterState, rng: random.Random) -> None:
-    created = GENERATION_EPOCH - 300 * 86400
+def _storage(state: ClusterState, rng: random.Random, epoch: float) -> None:
+    created = epoch - 300 * 86400
     for index, (namespace, secret, volume, storage_class) in enumerate(JUICEFS_VOLUMES):
         data = {
             "name": volume,

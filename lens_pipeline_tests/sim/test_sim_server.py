@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,8 @@ from kubernetes import client, config
 from prometheus_api_client import PrometheusConnect
 
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer, promql, write_registry
-from lens_pipeline_tests.sim.support import continue_token, http
+from lens_pipeline.sim.fleet import GENERATION_EPOCH
+from lens_pipeline_tests.sim.support import COLLECTIONS, continue_token, http
 
 SEED = 11
 
@@ -443,6 +446,47 @@ def test_same_seed_serves_byte_identical_lists() -> None:
     first, second = lists(SEED), lists(SEED)
     assert first == second
     assert lists(SEED + 1)[:2] != first[:2]
+
+
+def test_the_epoch_moves_every_generated_time_and_nothing_else() -> None:
+    """A cluster generated as of an instant a day later (the demo's own `epoch`) is the same
+    cluster with every time in it a day later: nothing made counts from the default epoch or
+    from the clock. So are the names a CronJob gives its Jobs (`<cronjob>-<scheduled minute>`);
+    container ids differ (the runtime names a container by its start)."""
+    day = 86400.0
+    clock = lambda: GENERATION_EPOCH + 3 * day  # noqa: E731
+    options = {"pods_per_node": 4.0, "clock": clock}
+    before = SimCluster("sim-amd-0", "amd", 24, SEED, **options)
+    after = SimCluster("sim-amd-0", "amd", 24, SEED, epoch=GENERATION_EPOCH + day, **options)
+    timestamp = re.compile(rb'"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)"')
+    container_id = re.compile(rb'"containerd://[0-9a-f]{64}"')
+    scheduled_minute = re.compile(rb"-(\d{8})(?=[-\"/]|$)")
+
+    def a_day_later(match: re.Match[bytes]) -> bytes:
+        then = datetime.strptime(match[1].decode(), "%Y-%m-%dT%H:%M:%SZ") + timedelta(days=1)
+        return b'"' + then.strftime("%Y-%m-%dT%H:%M:%SZ").encode() + b'"'
+
+    def moved(raw: bytes) -> bytes:
+        raw = scheduled_minute.sub(lambda m: b"-%d" % (int(m[1]) + 1440), raw)
+        return container_id.sub(b"", timestamp.sub(a_day_later, raw))
+
+    times = 0
+    for path, _ in COLLECTIONS:
+        resource = path.rsplit("/", 1)[1]
+        made = before.simulated_objects(resource)
+        assert made, f"no {resource} generated"
+        expected = [(moved(o.key.encode()), moved(o.raw)) for o in made]
+        assert expected == [
+            (o.key.encode(), container_id.sub(b"", o.raw)) for o in after.simulated_objects(resource)
+        ]
+        times += sum(len(timestamp.findall(o.raw)) for o in made)
+    assert times > 1000
+    newest = max(
+        datetime.strptime(t.decode(), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        for o in after.simulated_objects("pods")
+        for t in timestamp.findall(o.raw)
+    )
+    assert newest <= GENERATION_EPOCH + day  # the generated world stands still after its epoch
 
 
 def test_truth_rows_have_the_node_table_shape(served) -> None:
