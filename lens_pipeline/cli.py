@@ -293,12 +293,15 @@ def _demo_epoch(state: Path, now: datetime) -> float:
     a day before the hourly history's first hour. Every hour the UI offers then finds the objects
     made and settled, as the simulator's Prometheus answers for the past (the state it starts in),
     and a running job has run for days or weeks, not since a fixed date long gone. Kept in the state
-    directory, so that a restarted demo makes the same objects again (`--fresh` starts anew)."""
+    directory, so that a restarted demo makes the same objects again (`--fresh` starts anew), unless
+    its history now reaches further back (`$LENS_HISTORY_DAYS` raised)."""
     path = state / "sim-epoch"
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        return float(path.read_text())
     start = now - timedelta(days=settings.history_days() + 1)
     epoch = start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        kept = float(path.read_text())
+        if kept <= epoch:
+            return kept
     path.write_text(f"{epoch:.0f}\n")
     return epoch
 

@@ -255,7 +255,8 @@ def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path
 def test_the_demo_generates_its_clusters_settled_before_the_first_hour_of_its_history(tmp_path, monkeypatch):
     """`lens demo` generates its clusters as of a day before the first hour the UI offers (so that
     Prometheus' answers for any of its hours match the objects), not as of the simulator's fixed
-    default instant long gone; a restarted demo keeps the instant and so makes the same objects."""
+    default instant long gone; a restarted demo keeps the instant and so makes the same objects,
+    unless its history has been made to reach further back."""
     from datetime import UTC, datetime, timedelta
 
     from lens_pipeline import cli, settings
@@ -269,3 +270,5 @@ def test_the_demo_generates_its_clusters_settled_before_the_first_hour_of_its_hi
     assert cli._demo_epoch(tmp_path, now + timedelta(days=3)) == epoch
     (tmp_path / "fresh").mkdir()
     assert cli._demo_epoch(tmp_path / "fresh", now + timedelta(days=3)) == epoch + 3 * 86400
+    monkeypatch.setenv(settings.LENS_HISTORY_DAYS, "10")
+    assert cli._demo_epoch(tmp_path, now) == epoch - 3 * 86400
