@@ -9,9 +9,10 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from lens_pipeline.sim.dialects import DIALECT_CHOICES
-from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.fleet import GENERATION_EPOCH, SimFleet
 from lens_pipeline.sim.registry import write_prometheus_configs, write_registry
 from lens_pipeline.sim.server import SimServer
 
@@ -82,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
         "clusters were then (what the hourly history reads)",
     )
     parser.add_argument(
+        "--epoch",
+        type=_epoch,
+        default=GENERATION_EPOCH,
+        metavar="WHEN",
+        help="generate the clusters as they stand at this past instant, ISO 8601 (UTC unless it says "
+        "otherwise): objects made and workloads started up to weeks or months before it "
+        "(default 2025-06-01, fixed: same seed, same bytes)",
+    )
+    parser.add_argument(
         "--no-managed-fields",
         action="store_true",
         help="objects without the metadata.managedFields kube-apiserver writes (smaller, less real)",
@@ -108,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         dialect=args.dialect,
         history=args.history,
         managed_fields=not args.no_managed_fields,
+        epoch=args.epoch,
     )
     generated = time.perf_counter() - started
     # The fleet lives until exit; frozen, the cyclic GC stops rescanning its millions of objects on
@@ -159,6 +170,19 @@ def _node_mix(text: str) -> list[int]:
     if any(n < 0 for n in counts):
         raise argparse.ArgumentTypeError("node counts must be non-negative")
     return counts
+
+
+def _epoch(text: str) -> float:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 date or time, got {text!r}") from None
+    epoch = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+    if epoch > time.time():
+        raise argparse.ArgumentTypeError(
+            f"{text} is in the future: clusters are generated as of a past instant"
+        )
+    return epoch
 
 
 def churn_forever(fleet: SimFleet, seconds: float, stopped: threading.Event) -> None:

@@ -236,10 +236,11 @@ def test_taints_and_cordons_keep_new_pods_off(churned) -> None:
 
 
 def test_lens_sim_churns_in_the_background(tmp_path) -> None:
+    """`lens sim --churn` changes the clusters as it serves them, generated as of `--epoch`."""
     registry = tmp_path / "clusters.yaml"
     process = subprocess.Popen(
         [sys.executable, "-m", "lens_pipeline.sim", "--clusters", "1", "--nodes", "4", "--churn", "0.2",
-         "--registry-out", str(registry)],
+         "--epoch", "2026-01-01T00:00:00Z", "--registry-out", str(registry)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -247,6 +248,9 @@ def test_lens_sim_churns_in_the_background(tmp_path) -> None:
             if line.startswith("serving"):
                 break
         api = api_client(registry, "sim-amd-0")
+        _status, body = raw_get(api, "/api/v1/nodes", [], (10.0, 60.0))
+        made = sorted(node["metadata"]["creationTimestamp"] for node in json.loads(body)["items"])
+        assert "2024-11-25" < made[0] <= made[-1] < "2025-12-02"  # 30 to 400 days before the epoch
         versions = []
         for _ in range(2):
             _status, body = raw_get(api, "/api/v1/pods", [("limit", 1)], (10.0, 60.0))

@@ -646,3 +646,23 @@ def test_a_fleet_can_mix_cluster_sizes() -> None:
     assert [len(c.node_names()) for c in fleet] == [2, 5, 2]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--nodes", "two"])
+
+
+@pytest.mark.parametrize(
+    ("text", "epoch"),
+    [
+        ("2026-01-01", datetime(2026, 1, 1, tzinfo=UTC).timestamp()),
+        ("2026-01-01T02:00:00+02:00", datetime(2026, 1, 1, tzinfo=UTC).timestamp()),
+        ("3000-01-01", None),  # not past
+        ("last week", None),
+    ],
+)
+def test_lens_sim_generates_as_of_the_epoch_it_is_given(text: str, epoch: float | None) -> None:
+    from lens_pipeline.sim.cli import build_parser
+
+    assert build_parser().parse_args([]).epoch == GENERATION_EPOCH
+    if epoch is None:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--epoch", text])
+    else:
+        assert build_parser().parse_args(["--epoch", text]).epoch == epoch
