@@ -356,7 +356,7 @@ class SimCluster:
         if at is None or self.history is None:
             return self.node_status(node) == "Ready"
         with self._lock:
-            frame = self.history.frames_at(at).get(node)
+            frame = self.history.frame_at(node, at)
         return frame is not None and frame.up
 
     def _current_frames(self) -> dict[str, NodeFrame]:

@@ -4,8 +4,9 @@ When a cluster keeps history (`SimCluster(..., history=True)`), every change is 
 happens, at the cluster's clock: each GPU node's exporter (up or not; each GPU present or not, who
 holds it, its utilization) as a frame whenever it changes, and each GPU pod's life (bound, ended)
 and top-level workload. The exporters' samples at any past moment are then a function of time, so
-a past hour can be asked again and answers the same; before the first record the cluster looked
-as it did then (it has been like that since its objects were made).
+a past hour can be asked again and answers the same. Before the first record the cluster looked as
+it did then (nothing moved since its epoch, `lens_pipeline.sim.generate`), except that a GPU was held
+only from its pod's binding on.
 
 `hour_truth` computes, from these records alone, what a correct pipeline stores for one hour in
 the hourly tables (docs/SIMULATOR.md says the rules).
@@ -88,6 +89,10 @@ class ClusterHistory:
     pods: dict[str, PodLife] = field(default_factory=dict)
     workloads: dict[str, WorkloadFacts] = field(default_factory=dict)
     changes: list[float] = field(default_factory=list)  # when any frame changed, in order
+    # Before the first record: the pods holding GPUs then, by (namespace, name), and the earlier
+    # times at which one of them was bound (each starts another state).
+    first_holders: dict[tuple[str, str], PodLife] = field(default_factory=dict)
+    bound_before: list[float] = field(default_factory=list)
     _memo: dict[Any, Any] = field(default_factory=dict)
 
     # -- recording ---------------------------------------------------------------------------------
@@ -108,6 +113,21 @@ class ClusterHistory:
             else:
                 self.changes.append(t)
         self._record_pods(state, t)
+        if self.changes == [t]:
+            self._first_holders(t)
+
+    def _first_holders(self, first: float) -> None:
+        lives = {(life.namespace, life.name): life for life in self.pods.values()}
+        held = {owner[:2] for frames in self.frames.values() for owner in frames[0].owners if owner}
+        self.first_holders = {key: lives[key] for key in held if key in lives}
+        self.bound_before = sorted(
+            {
+                life.bound_at
+                for life in self.first_holders.values()
+                if life.bound_at is not None and life.bound_at < first
+            }
+        )
+        self._memo.clear()
 
     def _put_frame(self, name: str, t: float, frame: NodeFrame) -> bool:
         times, frames = self.times.setdefault(name, []), self.frames.setdefault(name, [])
@@ -200,15 +220,35 @@ class ClusterHistory:
     # -- reading -----------------------------------------------------------------------------------
 
     def state_key(self, t: float) -> int:
-        """Which recorded state the cluster was in at `t` (0: before or at the first record)."""
+        """Which state the cluster was in at `t`: the index of the record in force, or before the
+        first record a negative number, one for each set of pods holding GPUs then."""
+        if self.changes and t < self.changes[0]:
+            return bisect.bisect_right(self.bound_before, t) - len(self.bound_before) - 1
         return max(0, bisect.bisect_right(self.changes, t) - 1)
 
     def frames_at(self, t: float) -> dict[str, NodeFrame]:
-        out = {}
-        for name, times in self.times.items():
-            index = max(0, bisect.bisect_right(times, t) - 1)
-            out[name] = self.frames[name][index]
-        return out
+        return {name: self._frame(name, t) for name in self.times}
+
+    def frame_at(self, name: str, t: float) -> NodeFrame | None:
+        """The node's exporter at `t` (None for a node never recorded)."""
+        return self._frame(name, t) if name in self.times else None
+
+    def _frame(self, name: str, t: float) -> NodeFrame:
+        index = bisect.bisect_right(self.times[name], t) - 1
+        if index >= 0:
+            return self.frames[name][index]
+        return self._before_recording(self.frames[name][0], t)
+
+    def _before_recording(self, frame: NodeFrame, t: float) -> NodeFrame:
+        """The first frame as it stood at an earlier `t`: a GPU whose pod was not bound yet was
+        free, and read 0. (One it holds at the first record it held from its binding on, whatever
+        its life says of its end: the exporter showed it there.)"""
+        owners, utilization = list(frame.owners), list(frame.utilization)
+        for index, owner in enumerate(owners):
+            life = self.first_holders.get(owner[:2]) if owner else None
+            if life is not None and (life.bound_at is None or t < life.bound_at):
+                owners[index], utilization[index] = None, 0.0
+        return NodeFrame(frame.up, frame.present, tuple(owners), tuple(utilization))
 
     def memo(self, key: Any, build: Callable[[], Any]) -> Any:
         if key not in self._memo:

@@ -22,6 +22,7 @@ from prometheus_api_client import PrometheusConnect
 
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer, promql, write_registry
 from lens_pipeline.sim.fleet import GENERATION_EPOCH
+from lens_pipeline.sim.kubeobjects import parse_time
 from lens_pipeline_tests.sim.support import COLLECTIONS, continue_token, http
 
 SEED = 11
@@ -646,6 +647,45 @@ def test_a_fleet_can_mix_cluster_sizes() -> None:
     assert [len(c.node_names()) for c in fleet] == [2, 5, 2]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--nodes", "two"])
+
+
+def test_before_recording_began_a_gpu_was_held_from_its_pods_binding_on() -> None:
+    """A cluster generated as of its epoch and recording from a day later: asked for an earlier
+    moment, its exporters show each GPU held by a pod already bound then, and free (reading 0)
+    before, as the pods' lives have it."""
+    day = 86400.0
+    now = [GENERATION_EPOCH + day]
+    cluster = SimCluster("sim-amd-0", "amd", 12, SEED, pods_per_node=4, history=True, clock=lambda: now[0])
+    pod_label, namespace_label, _ = cluster.profile.workload_labels
+    bound = {}
+    for entry in cluster.simulated_objects("pods"):
+        pod = entry.obj
+        for condition in pod["status"].get("conditions") or []:
+            if condition["type"] == "PodScheduled" and condition["status"] == "True":
+                key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+                bound[key] = parse_time(condition["lastTransitionTime"])
+
+    def holders(at: float) -> dict[tuple[str, str], list[float]]:
+        held: dict[tuple[str, str], list[float]] = {}
+        for _, labels, value in cluster.exporter_samples(at):
+            if labels.get(pod_label):
+                held.setdefault((labels[namespace_label], labels[pod_label]), []).append(value)
+        return held
+
+    def free_sum(at: float) -> float:
+        return sum(value for _, labels, value in cluster.exporter_samples(at) if not labels.get(pod_label))
+
+    held_now = holders(now[0])
+    assert len(held_now) > 10 and sum(map(len, held_now.values())) > 40
+    first_bound = min(bound[pod] for pod in held_now)
+    counts = set()
+    for at in sorted({*(bound[pod] for pod in held_now), first_bound - day, GENERATION_EPOCH}):
+        for moment in (at - 1, at):
+            then = holders(moment)
+            assert then == {pod: gpus for pod, gpus in held_now.items() if bound[pod] <= moment}, moment
+            counts.add(len(then))
+    assert min(counts) == 0 and max(counts) == len(held_now)
+    assert free_sum(first_bound - 1) == free_sum(now[0])  # a GPU not yet held read 0
 
 
 @pytest.mark.parametrize(
