@@ -82,6 +82,9 @@ def main() -> int:
     )
     parser.add_argument("--workers", type=int, default=1, help="`lens ingest --workers N`")
     parser.add_argument(
+        "--linger-ms", type=float, default=None, help="`lens ingest --linger-ms` (default: its own)"
+    )
+    parser.add_argument(
         "--shared-connection",
         action="store_true",
         help="a client process's streams share one connection (HTTP/2 streams); by default each "
@@ -120,6 +123,8 @@ def _run(args: argparse.Namespace) -> int:
             *("--grpc-port", str(grpc_port), "--http-port", str(http_port), "--default-cluster", "bench"),
             *("--workers", str(args.workers)),
         ]
+        if args.linger_ms is not None:
+            command += ["--linger-ms", str(args.linger_ms)]
     server = subprocess.Popen(command, stdout=server_output, stderr=subprocess.STDOUT)
     try:
         _wait_healthy(grpc_port, server_output, args.workers)
