@@ -66,3 +66,48 @@ def test_the_windows():
         ("b", {"x": 121.0}, False),
         ("c", {"x": 301.0}, True),
     ]
+
+
+def test_a_collection_run_leaves_the_sensors_verdict_standing(tmp_path):
+    """The scheduled collection job runs every collector's and view's checks but not
+    `every_cluster_fresh`: a run that planned it recorded it skipped every minute, and the UI showed
+    that in place of the sensor's verdict, late clusters and all, until the sensor's next tick."""
+    from dagster import AssetCheckKey, Definitions
+
+    from lens_pipeline.defs import resources
+    from lens_pipeline.defs.cluster_assets import JOB_NAME, cluster_assets
+    from lens_pipeline.defs.collectors.schedules import collect_cluster_job
+    from lens_pipeline.defs.fleet.freshness import CHECKED, every_cluster_fresh
+    from lens_pipeline.defs.resources import ClusterRegistryResource, SafeDatabase
+    from lens_pipeline.sim import SimFleet, SimServer, write_registry
+
+    fleet = SimFleet.generate(clusters=1, nodes=3, seed=2, vendor="amd")
+    (name,) = [c.name for c in fleet]
+    lens_url = f"sqlite:///{tmp_path / 'lens.db'}"
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [name])
+        defs = Definitions(
+            assets=[cluster_assets],
+            asset_checks=[every_cluster_fresh],
+            jobs=[collect_cluster_job],
+            resources={
+                **resources.defs.resources,
+                "registry": ClusterRegistryResource(
+                    clusters_file=str(write_registry(tmp_path / "c.yaml", server))
+                ),
+                "lens_db": LensDatabase(url=lens_url),
+                "safe_db": SafeDatabase(url=f"sqlite:///{tmp_path / 'safe.db'}"),
+            },
+        )
+        (evaluation,) = _tick(instance, lens_url).asset_events  # never collected: failing
+        instance.report_runless_asset_event(evaluation)
+        result = defs.resolve_job_def(JOB_NAME).execute_in_process(instance=instance, partition_key=name)
+        assert result.success
+        ran = {(e.asset_key.path[-1], e.check_name) for e in result.get_asset_check_evaluations()}
+        assert ("gpu_nodes", "every_node_readable") in ran and len(ran) > 20
+        history = instance.event_log_storage.get_asset_check_execution_history(
+            AssetCheckKey(CHECKED, CHECK_NAME), limit=10
+        )
+        assert [record.status.value for record in history] == ["FAILED"]  # the sensor's, not a skip
+        (evaluation,) = _tick(instance, lens_url).asset_events
+        assert evaluation.passed
