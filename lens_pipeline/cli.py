@@ -300,7 +300,7 @@ def _demo_epoch(state: Path, now: datetime) -> float:
     epoch = start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
     with contextlib.suppress(FileNotFoundError, ValueError):
         kept = float(path.read_text())
-        if kept <= epoch:
+        if 0 < kept <= epoch:  # anything else is no instant a demo kept: made anew
             return kept
     path.write_text(f"{epoch:.0f}\n")
     return epoch

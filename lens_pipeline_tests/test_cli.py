@@ -242,6 +242,7 @@ def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path
         started = time.monotonic()
         os.kill(demo.pid, signal.SIGINT)
         assert demo.wait(timeout=60) == 0, "".join(lines)[-2000:]
+        assert (tmp_path / "demo" / "sim-epoch").is_file()  # generated as of its own epoch
         assert time.monotonic() - started < 40
         time.sleep(2)
         left = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -272,3 +273,6 @@ def test_the_demo_generates_its_clusters_settled_before_the_first_hour_of_its_hi
     assert cli._demo_epoch(tmp_path / "fresh", now + timedelta(days=3)) == epoch + 3 * 86400
     monkeypatch.setenv(settings.LENS_HISTORY_DAYS, "10")
     assert cli._demo_epoch(tmp_path, now) == epoch - 3 * 86400
+    for garbage in ("-inf", "nan", "yesterday", "\x00"):
+        (tmp_path / "sim-epoch").write_text(garbage)
+        assert cli._demo_epoch(tmp_path, now) == epoch - 3 * 86400

@@ -24,7 +24,6 @@ from dagster import (
 
 from lens_pipeline import settings
 from lens_pipeline.defs.cluster_assets import ASSET_KEYS, COLLECTION_TAG, JOB_NAME, cluster_assets
-from lens_pipeline.defs.fleet.freshness import every_cluster_fresh
 from lens_pipeline.defs.partitions import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
@@ -38,10 +37,11 @@ from lens_pipeline.defs.run_tags import COLLECTION_RUN_TAGS
 
 collect_cluster_job = define_asset_job(
     JOB_NAME,
-    # With their checks, but not the fleet's `every_cluster_fresh`: its sensor reports it, and a run
-    # that planned it would record it skipped each minute, which the UI shows in place of the
-    # sensor's verdict (late clusters included) until the sensor's next tick.
-    selection=AssetSelection.assets(*ASSET_KEYS) - AssetSelection.checks(every_cluster_fresh),
+    # With the checks the collectors and views report, not every check of their assets: the fleet's
+    # `every_cluster_fresh` is its sensor's, and a run that planned it would record it skipped each
+    # minute, which the UI shows in place of the sensor's verdict (late clusters included).
+    selection=AssetSelection.assets(*ASSET_KEYS).without_checks()
+    | AssetSelection.checks(*cluster_assets.check_keys),
     executor_def=in_process_executor,
     tags={**COLLECTION_RUN_TAGS, COLLECTION_TAG: "scheduled"},
     description="Every collector of a cluster (or of a batch of clusters) and everything derived from "
