@@ -295,9 +295,10 @@ def _demo_epoch(state: Path, now: datetime) -> float:
     and a running job has run for days or weeks, not since a fixed date long gone. Kept in the state
     directory, so that a restarted demo makes the same objects again (`--fresh` starts anew), unless
     its history now reaches further back (`$LENS_HISTORY_DAYS` raised)."""
+    from lens_pipeline.defs.history.partitions import first_hour
+
     path = state / "sim-epoch"
-    start = now - timedelta(days=settings.history_days() + 1)
-    epoch = start.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    epoch = (first_hour(now, settings.history_days()) - timedelta(days=1)).timestamp()
     with contextlib.suppress(FileNotFoundError, ValueError):
         kept = float(path.read_text())
         if 0 < kept <= epoch:  # anything else is no instant a demo kept: made anew

@@ -11,7 +11,7 @@ import stat
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from prometheus_api_client import PrometheusConnect
 
 from lens_pipeline.sim import SimCluster, SimFleet, SimServer, promql, write_registry
 from lens_pipeline.sim.fleet import GENERATION_EPOCH
-from lens_pipeline.sim.kubeobjects import parse_time
+from lens_pipeline.sim.kubeobjects import parse_time, rfc3339
 from lens_pipeline_tests.sim.support import COLLECTIONS, continue_token, http
 
 SEED = 11
@@ -464,8 +464,7 @@ def test_the_epoch_moves_every_generated_time_and_nothing_else() -> None:
     scheduled_minute = re.compile(rb"-(\d{8})(?=[-\"/]|$)")
 
     def a_day_later(match: re.Match[bytes]) -> bytes:
-        then = datetime.strptime(match[1].decode(), "%Y-%m-%dT%H:%M:%SZ") + timedelta(days=1)
-        return b'"' + then.strftime("%Y-%m-%dT%H:%M:%SZ").encode() + b'"'
+        return b'"' + rfc3339(parse_time(match[1].decode()) + day).encode() + b'"'
 
     def moved(raw: bytes) -> bytes:
         raw = scheduled_minute.sub(lambda m: b"-%d" % (int(m[1]) + 1440), raw)
@@ -483,9 +482,7 @@ def test_the_epoch_moves_every_generated_time_and_nothing_else() -> None:
         times += sum(len(timestamp.findall(o.raw)) for o in made)
     assert times > 1000
     newest = max(
-        datetime.strptime(t.decode(), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-        for o in after.simulated_objects("pods")
-        for t in timestamp.findall(o.raw)
+        parse_time(t.decode()) for o in after.simulated_objects("pods") for t in timestamp.findall(o.raw)
     )
     # The generated world stands still after its epoch (the last pods end up to 80 s after it).
     assert newest <= GENERATION_EPOCH + day + 80
