@@ -13,8 +13,10 @@ import grpc
 
 from lens_pipeline.sim import node_agent as agent
 from lens_pipeline.sim.fleet import SimCluster, SimFleet
+from lens_pipeline.sim.kubeobjects import parse_time
 
-Container = tuple[str, str, str, str, int]  # (node, namespace, pod, pod uid, GPUs)
+# (node, namespace, pod, pod uid, GPUs, the container's CRI creation in ns since the epoch)
+Container = tuple[str, str, str, str, int, int]
 
 
 class RunningGpuContainers:
@@ -57,11 +59,29 @@ class RunningGpuContainers:
             metadata["name"],
             metadata["uid"],
             gpus,
+            self._created_ns(pod),
         )
 
+    def _created_ns(self, pod: dict[str, Any]) -> int:
+        """When the runtime created the pod's first container: 1.5 s before it started (the
+        agent's event puts its start there), by the pod's status; the cluster's clock if none."""
+        status = pod.get("status") or {}
+        started = next(
+            (
+                s["state"]["running"]["startedAt"]
+                for s in status.get("containerStatuses") or ()
+                if "startedAt" in ((s.get("state") or {}).get("running") or {})
+            ),
+            status.get("startTime"),
+        )
+        seconds = parse_time(started) if started else self.cluster.now()
+        return int(seconds * 1e9) - agent.STARTED_AFTER_CREATED_NS
 
-def _event(cluster: SimCluster, container_id: str, container: Container, status: str) -> bytes:
-    node, namespace, pod, uid, gpus = container
+
+def _event(cluster: SimCluster, container_id: str, container: Container, status: str, now_ns: int) -> bytes:
+    """A `Running` or `Exit` event as the node agent sends it, the agent's clock at `now_ns` (an
+    exited container finished then)."""
+    node, namespace, pod, uid, gpus, created_ns = container
     seed = int(container_id[:6], 16)
     make_gpu = agent.amd_gpu if cluster.vendor == "amd" else agent.nvidia_gpu
     data: dict[str, Any] = agent.k8s_container(
@@ -71,9 +91,11 @@ def _event(cluster: SimCluster, container_id: str, container: Container, status:
         pod_namespace=namespace,
         pod_uid=uid,
         status=status,
-        created_ns=1_795_000_000_000_000_000 + seed,
+        created_ns=created_ns,
         gpus=[make_gpu(i, seed) for i in range(gpus)],
         nics=[agent.infiniband(0, seed)],
+        finished_ns=max(now_ns, created_ns + agent.STARTED_AFTER_CREATED_NS),
+        updated_ns=now_ns,
     )
     raw = agent.event(status, container_id, data, node=node)
     return agent.with_extra_fields(raw, event_id=f"{container_id}:{status}", cluster=cluster.name)
@@ -86,12 +108,19 @@ def feed_forever(fleet: SimFleet, target: str, period: float, stopped: threading
     with grpc.insecure_channel(target) as channel:
         while not stopped.wait(period):
             for cluster in fleet:
-                now = running[cluster.name]()
+                current = running[cluster.name]()
                 before = sent[cluster.name]
-                events = [_event(cluster, cid, c, "Running") for cid, c in now.items() if cid not in before]
-                events += [_event(cluster, cid, c, "Exit") for cid, c in before.items() if cid not in now]
+                now_ns = int(cluster.now() * 1e9)
+                events = [
+                    _event(cluster, cid, c, "Running", now_ns)
+                    for cid, c in current.items()
+                    if cid not in before
+                ]
+                events += [
+                    _event(cluster, cid, c, "Exit", now_ns) for cid, c in before.items() if cid not in current
+                ]
                 if not events:
                     continue
                 result = agent.stream_events(channel, events, timeout=30)
                 if result.code is None:
-                    sent[cluster.name] = now  # what was not acknowledged is sent again next round
+                    sent[cluster.name] = current  # what was not acknowledged is sent again next round

@@ -137,6 +137,10 @@ CRI_STATES = {
 }
 
 
+# A container's start after its creation, in the agent's events (nanoseconds).
+STARTED_AFTER_CREATED_NS = 1_500_000_000
+
+
 def k8s_container(
     container_id: str,
     *,
@@ -149,16 +153,24 @@ def k8s_container(
     gpus: Sequence[dict[str, Any]] = (),
     nics: Sequence[dict[str, Any]] = (),
     exit_code: int = 0,
+    finished_ns: int | None = None,
+    updated_ns: int | None = None,
 ) -> dict[str, Any]:
-    """`model.Container`: the CRI ContainerStatus fields inlined, plus what the agent adds."""
+    """`model.Container`: the CRI ContainerStatus fields inlined, plus what the agent adds. Its
+    times follow `created_ns`: started 1.5 s later; an exited container finished at `finished_ns`
+    (an hour after its creation when not given); the agent's last update at `updated_ns` (else the
+    latest of those)."""
     exited = status in ("Exit", "OOMKilled", "Deleted")
+    started_ns = created_ns + STARTED_AFTER_CREATED_NS if status != "Created" else 0
+    finished = (finished_ns if finished_ns is not None else created_ns + 3_600_000_000_000) if exited else 0
+    updated = updated_ns if updated_ns is not None else max(created_ns, started_ns, finished)
     return {
         "id": container_id,
         "metadata": {"name": name, "attempt": 0},
         "state": CRI_STATES.get(status, "CONTAINER_UNKNOWN"),
         "created_at": created_ns,
-        "started_at": created_ns + 1_500_000_000 if status != "Created" else 0,
-        "finished_at": created_ns + 3_600_000_000_000 if exited else 0,
+        "started_at": started_ns,
+        "finished_at": finished,
         "exit_code": exit_code,
         "image": {"image": "docker.io/rocm/pytorch:rocm6.2_ubuntu22.04_py3.10_pytorch_2.3.0"},
         "image_ref": "docker.io/rocm/pytorch@sha256:" + "ab" * 32,
@@ -186,9 +198,16 @@ def k8s_container(
         "status": status,
         "pid": 0 if exited else 41_000 + len(name),
         "oom_killed": status == "OOMKilled",
-        "exit_time": "2026-11-22T07:00:00Z" if exited else "0001-01-01T00:00:00Z",
-        "last_updated": "2026-11-22T06:00:00Z",
+        "exit_time": _go_time(finished) if exited else "0001-01-01T00:00:00Z",
+        "last_updated": _go_time(updated),
     }
+
+
+def _go_time(nanos: int) -> str:
+    """A `time.Time` as Go's encoding/json writes it (RFC 3339, nanoseconds without trailing zeros)."""
+    seconds, fraction = divmod(nanos, 1_000_000_000)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    return f"{text}.{fraction:09d}".rstrip("0").rstrip(".") + "Z"
 
 
 def docker_container(
