@@ -15,10 +15,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lens_pipeline.vendors import ExporterOverrides, exporter_metric_names
 
@@ -74,6 +74,98 @@ class ExporterSettings(BaseModel):
         )
 
 
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _one_of(model: _M, inline: str, from_file: str) -> _M:
+    if bool(getattr(model, inline)) == bool(getattr(model, from_file)):
+        raise ValueError(f"give exactly one of {inline} or {from_file}")
+    return model
+
+
+class PromAuthorization(_Strict):
+    """An `Authorization: <type> <credentials>` header (Prometheus' `authorization`)."""
+
+    type: str = Field(default="Bearer", pattern=r"^[A-Za-z][A-Za-z0-9_-]*$")
+    credentials: str | None = Field(default=None, repr=False)
+    # Read again at every request, as Prometheus does: a rotated token is used at once.
+    credentials_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> PromAuthorization:
+        return _one_of(self, "credentials", "credentials_file")
+
+
+class PromBasicAuth(_Strict):
+    """HTTP basic authentication (Prometheus' `basic_auth`)."""
+
+    username: str
+    password: str | None = Field(default=None, repr=False)
+    password_file: str | None = None  # read again at every request
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> PromBasicAuth:
+        return _one_of(self, "password", "password_file")
+
+
+class PromTLS(_Strict):
+    """How the Prometheus server is trusted and the client shows itself (Prometheus' `tls_config`)."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure_skip_verify: bool = False
+
+    @model_validator(mode="after")
+    def _pair(self) -> PromTLS:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError(
+                "a client certificate (cert_file) needs its key (key_file), and a key its certificate"
+            )
+        return self
+
+
+class PromHeader(_Strict):
+    values: list[str] = Field(min_length=1, repr=False)
+
+
+class PrometheusHttp(_Strict):
+    """How to reach `prometheus_url` when it is not open HTTP (registry key `prometheus_http`): the
+    names and meaning of Prometheus' own HTTP client settings (`http_config`), a subset of them.
+    Behind an authenticating proxy (OpenShift's thanos-querier, vmauth, oauth2-proxy), over HTTPS
+    from a private CA, or a multi-tenant store that wants its tenant header (Mimir's X-Scope-OrgID)."""
+
+    authorization: PromAuthorization | None = None
+    basic_auth: PromBasicAuth | None = None
+    tls_config: PromTLS = Field(default_factory=PromTLS)
+    http_headers: dict[str, PromHeader] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> PrometheusHttp:
+        if self.authorization is not None and self.basic_auth is not None:
+            raise ValueError("authorization and basic_auth are mutually exclusive")
+        if any(name.lower() == "authorization" for name in self.http_headers):
+            raise ValueError(
+                "set the Authorization header with authorization or basic_auth, not http_headers"
+            )
+        return self
+
+    def files(self) -> dict[str, str]:
+        """The files it names, by where in `prometheus_http` (they must exist)."""
+        named = {
+            "authorization.credentials_file": self.authorization and self.authorization.credentials_file,
+            "basic_auth.password_file": self.basic_auth and self.basic_auth.password_file,
+            "tls_config.ca_file": self.tls_config.ca_file,
+            "tls_config.cert_file": self.tls_config.cert_file,
+            "tls_config.key_file": self.tls_config.key_file,
+        }
+        return {where: path for where, path in named.items() if path}
+
+
 class ClusterConfig(BaseModel):
     """One cluster. Exactly one way to reach the API server: kubeconfig, in-cluster, or server (with a
     token or a client certificate)."""
@@ -83,6 +175,7 @@ class ClusterConfig(BaseModel):
     name: str
     vendor: Literal["amd", "nvidia", "auto"] = "auto"
     prometheus_url: str | None = None
+    prometheus_http: PrometheusHttp = Field(default_factory=PrometheusHttp)
     kubeconfig: str | None = None
     context: str | None = None
     in_cluster: bool = False
@@ -342,6 +435,8 @@ def _parse_entry(raw: dict[str, Any], base: Path) -> tuple[ClusterConfig | None,
     for path_field in _PATH_FIELDS:
         if raw.get(path_field) and isinstance(raw[path_field], str | Path):
             raw[path_field] = str((base / str(raw[path_field])).resolve())
+    if isinstance(raw.get("prometheus_http"), dict):
+        raw["prometheus_http"] = _resolved(raw["prometheus_http"], base)
     try:
         cluster = ClusterConfig.model_validate(raw)
     except ValidationError as exc:
@@ -350,6 +445,20 @@ def _parse_entry(raw: dict[str, Any], base: Path) -> tuple[ClusterConfig | None,
         ]
     problems = [RegistryError(label, f, m) for f, m in _connection_problems(cluster)]
     return (None, problems) if problems else (cluster, [])
+
+
+def _resolved(section: dict[str, Any], base: Path) -> dict[str, Any]:
+    """`prometheus_http` with its file paths made absolute against `base` (one level down)."""
+    out = dict(section)
+    for key, value in section.items():
+        if isinstance(value, dict):
+            out[key] = {
+                name: str((base / item).resolve())
+                if name.endswith("_file") and isinstance(item, str)
+                else item
+                for name, item in value.items()
+            }
+    return out
 
 
 def _message(error: Any) -> str:
@@ -378,6 +487,9 @@ def _connection_problems(cluster: ClusterConfig) -> list[tuple[str, str]]:
         path = getattr(cluster, path_field)
         if path and not Path(path).is_file():
             problems.append((path_field, f"{path!r} does not exist"))
+    for where, path in cluster.prometheus_http.files().items():
+        if not Path(path).is_file():
+            problems.append((f"prometheus_http.{where}", f"{path!r} does not exist"))
     has_certificate = bool(
         (cluster.cert_data or cluster.cert_file) and (cluster.key_data or cluster.key_file)
     )

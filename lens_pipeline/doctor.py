@@ -74,7 +74,13 @@ def diagnose_cluster(cluster: ClusterConfig, timeout_seconds: float = 10.0) -> l
             Finding(cluster.name, "prometheus", FAIL, "no prometheus_url: no devices, no utilization")
         )
         return findings
-    prom = PromReader(cluster.name, cluster.prometheus_url, timeout_seconds=timeout_seconds, retries=0)
+    prom = PromReader(
+        cluster.name,
+        cluster.prometheus_url,
+        timeout_seconds=timeout_seconds,
+        retries=0,
+        http=cluster.prometheus_http,
+    )
     try:
         _prometheus(cluster, prom, nodes, findings)
     except PromError as exc:

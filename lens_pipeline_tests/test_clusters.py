@@ -176,6 +176,8 @@ def test_the_readme_registry_example_loads_as_written(tmp_path):
     (tmp_path / "multi-k8s-config" / "prod-north").write_text(
         json.dumps({"host": "https://10.0.0.1:6443", "bearerToken": "t0ken", "insecureSkipTLSVerify": True})
     )
+    (tmp_path / "east-prom-token").write_text("t0ken\n")
+    (tmp_path / "east-ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     (tmp_path / "clusters.yaml").write_text(example)
     registry = load_registry(tmp_path / "clusters.yaml")
     assert registry.names == ["prod-east", "prod-north", "prod-west"]
@@ -190,6 +192,11 @@ def test_the_readme_registry_example_loads_as_written(tmp_path):
     )
     assert overrides.pod_label == "exported_pod"  # from the defaults, merged one level down
     assert east.juicefs_capacity_bytes == {"shared-data": 1099511627776}
+    http = east.prometheus_http
+    assert http.authorization is not None
+    assert http.authorization.credentials_file == str(tmp_path / "east-prom-token")
+    assert http.tls_config.ca_file == str(tmp_path / "east-ca.crt")
+    assert http.http_headers["X-Scope-OrgID"].values == ["east"]
     assert west.prometheus_url == "http://prometheus.prod-west.example:9090" and west.vendor == "nvidia"
 
 

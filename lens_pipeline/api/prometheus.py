@@ -21,7 +21,7 @@ from typing import TypeVar
 from prometheus_client import Counter, Histogram
 
 from lens_pipeline.api.common import ApiError, TimeRange
-from lens_pipeline.clusters import ClusterNotFound, Registry
+from lens_pipeline.clusters import ClusterNotFound, PrometheusHttp, Registry
 from lens_pipeline.collect.nodes import NodeIndex
 from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader, Sample, Series
@@ -80,7 +80,7 @@ class ClusterPrometheus:
         config = registry.clusters.get(cluster) if registry is not None else None
         return config.vendor if config is not None and config.vendor != "auto" else None
 
-    def _cluster_url(self, cluster: str) -> tuple[str, str, ExporterOverrides]:
+    def _cluster_url(self, cluster: str) -> tuple[str, PrometheusHttp, str, ExporterOverrides]:
         if self._load is None:
             raise ApiError(
                 503, f"cluster {cluster!r}: no cluster registry (LENS_CLUSTERS_FILE), so no Prometheus to ask"
@@ -95,15 +95,16 @@ class ClusterPrometheus:
             raise ApiError(
                 503, f"cluster {cluster!r} has no prometheus_url in the registry ({registry.source})"
             )
-        return config.prometheus_url, config.vendor, config.exporter_overrides
+        return config.prometheus_url, config.prometheus_http, config.vendor, config.exporter_overrides
 
     def _entry(self, cluster: str) -> tuple[_Known, str, ExporterOverrides]:
-        url, vendor, overrides = self._cluster_url(cluster)
+        url, http, vendor, overrides = self._cluster_url(cluster)
         with self._lock:
             known = self._known.get(cluster)
-            if known is None or known.reader.url != url:
+            # A registry that changed how to reach the cluster's Prometheus gets a new reader.
+            if known is None or (known.reader.url, known.reader.http) != (url, http):
                 known = self._known[cluster] = _Known(
-                    PromReader(cluster, url, timeout_seconds=TIMEOUT_SECONDS, retries=1)
+                    PromReader(cluster, url, timeout_seconds=TIMEOUT_SECONDS, retries=1, http=http)
                 )
         return known, vendor, overrides
 

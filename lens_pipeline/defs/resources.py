@@ -117,7 +117,12 @@ class PrometheusResource(ConfigurableResource):
         """None when the registry gives the cluster no Prometheus."""
         if not cluster.prometheus_url:
             return None
-        return PromReader(cluster.name, cluster.prometheus_url, timeout_seconds=self.timeout_seconds)
+        return PromReader(
+            cluster.name,
+            cluster.prometheus_url,
+            timeout_seconds=self.timeout_seconds,
+            http=cluster.prometheus_http,
+        )
 
 
 def _setting(variable: str, default: Callable[[], str]) -> str | EnvVar:

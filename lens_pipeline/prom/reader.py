@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import math
 import threading
@@ -10,13 +11,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 import requests
+import requests.auth
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
+from lens_pipeline.clusters import PrometheusHttp
 from lens_pipeline.retry import PROM_REQUEST, PROM_RETRIES
 
 # How far back the metric and label names are looked up: recent enough that what was renamed or
@@ -65,6 +69,8 @@ class PromReader:
     url: str
     timeout_seconds: float = 30.0
     retries: int = PROM_RETRIES
+    # TLS, credentials and headers from the registry (`prometheus_http`); None: open HTTP(S).
+    http: PrometheusHttp | None = None
     queries: int = 0
     # NaN or infinite samples dropped, by query (a check names them: a GPU is not idle for lack of a number).
     nonfinite: dict[str, int] = field(default_factory=dict)
@@ -93,6 +99,8 @@ class PromReader:
                 allowed_methods=("GET", "POST"),
             )
             session = requests.Session()
+            if self.http is not None:
+                configure_session(session, self.http)
             self._client = PrometheusConnect(
                 url=self.url, timeout=self.timeout_seconds, retry=retry, session=session
             )
@@ -222,7 +230,12 @@ class PromReader:
         mounted); the body is parsed by `_parse_answer`, not by the client's standard `json`."""
         assert self._session is not None  # made with the client, by `_ask`
         response = self._session.get(
-            f"{self.url}/api/v1/query", params={"query": query}, timeout=self.timeout_seconds
+            f"{self.url}/api/v1/query",
+            params={"query": query},
+            timeout=self.timeout_seconds,
+            # Said per request, as the client does: requests lets $REQUESTS_CA_BUNDLE override a
+            # session's own CA file otherwise.
+            verify=self._session.verify,
         )
         if response.status_code != 200:
             raise PrometheusApiClientException(
@@ -353,6 +366,49 @@ def _labels(series: Any) -> dict[str, str]:
     if "\x00" in text:
         raise ValueError("a label holds a NUL character (no text column stores one)")
     return labels
+
+
+def configure_session(session: requests.Session, http: PrometheusHttp) -> None:
+    """Give `session` the registry's TLS settings, headers and credentials for one Prometheus."""
+    tls = http.tls_config
+    session.verify = tls.ca_file or not tls.insecure_skip_verify
+    if tls.cert_file and tls.key_file:
+        session.cert = (tls.cert_file, tls.key_file)
+    # Several values of one header go as one comma-separated line (RFC 9110's list form).
+    session.headers.update({name: ", ".join(header.values) for name, header in http.http_headers.items()})
+    if http.authorization is not None or http.basic_auth is not None:
+        session.auth = _RegistryAuthorization(http)
+
+
+class _RegistryAuthorization(requests.auth.AuthBase):
+    """The Authorization header of `prometheus_http`, its secret file read at every request as
+    Prometheus reads its own http_config's files: a rotated token or password is used at once (a
+    projected service account token changes every hour)."""
+
+    def __init__(self, http: PrometheusHttp) -> None:
+        self.http = http
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        authorization, basic = self.http.authorization, self.http.basic_auth
+        if authorization is not None:
+            secret = authorization.credentials or _secret(authorization.credentials_file, "credentials_file")
+            request.headers["Authorization"] = f"{authorization.type} {secret}"
+        elif basic is not None:
+            password = basic.password or _secret(basic.password_file, "password_file")
+            pair = base64.b64encode(f"{basic.username}:{password}".encode()).decode("ascii")
+            request.headers["Authorization"] = f"Basic {pair}"
+        return request
+
+
+def _secret(path: str | None, what: str) -> str:
+    """A secret file's content less its final newline (as a mounted Secret key is written)."""
+    try:
+        return Path(str(path)).read_text(encoding="utf-8").rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        # A RequestException: the query fails with the cause named, as a refused connection does.
+        raise requests.exceptions.InvalidHeader(
+            f"prometheus_http {what} {str(path)!r} cannot be read ({type(exc).__name__})"
+        ) from None
 
 
 def _request_failure(exc: requests.RequestException) -> str:

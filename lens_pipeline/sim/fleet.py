@@ -10,7 +10,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ CONTROL_ACTIONS = frozenset(
         "expire_continue_tokens",
         "expire_next_continue",
         "rotate_token",
+        "require_prometheus_headers",
         "forbid",
         "set_gpu_utilization",
         "set_gpu_present",
@@ -118,6 +119,9 @@ class SimCluster:
         self._lock = threading.RLock()
         self._state = ClusterState(name, self.profile, clock, dialect, managed_fields)
         self._faults = dict.fromkeys(FAULT_TARGETS, TargetFaults())
+        # Header name (lower case) -> the values its Prometheus accepts; empty: open.
+        self.prometheus_requires: dict[str, frozenset[str]] = {}
+        self.prometheus_client_cn: str | None = None
         self._forbidden: set[str] = set()
         self._gone_next_continue = False
         self._tokens_rotated = 0
@@ -739,6 +743,24 @@ class SimCluster:
             seed = f"{self._token_seed}:{self._tokens_rotated}"
             self.token = hashlib.sha256(seed.encode()).hexdigest()[:40]
             return self.token
+
+    def require_prometheus_headers(
+        self, headers: Mapping[str, Iterable[str]], client_cn: str | None = None
+    ) -> None:
+        """Its Prometheus answers 401 unless every request carries each header with one of the given
+        values (and, over TLS, a client certificate of common name `client_cn`), as one behind an
+        authenticating proxy does: OpenShift's thanos-querier wants a bearer token, vmauth or an
+        ingress basic auth or a client certificate, Mimir its X-Scope-OrgID. `({})`: open again."""
+        with self._lock:
+            self.prometheus_requires = {name.lower(): frozenset(values) for name, values in headers.items()}
+            self.prometheus_client_cn = client_cn
+
+    def prometheus_allows(self, headers: Mapping[str, str], client_cn: str | None) -> bool:
+        """Whether a request with these headers (names in lower case) and client certificate gets
+        Prometheus' answers."""
+        if self.prometheus_client_cn is not None and client_cn != self.prometheus_client_cn:
+            return False
+        return all(headers.get(name) in accepted for name, accepted in self.prometheus_requires.items())
 
     def forbid(self, path: str) -> None:
         """Requests to `path` (below the base URL) or anything under it answer 403 Forbidden."""

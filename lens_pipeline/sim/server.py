@@ -169,7 +169,10 @@ class _Handler(BaseHTTPRequestHandler):
             response = exposition(cluster, unquote(rest))
         elif rest == "/prometheus" or rest.startswith("/prometheus/"):
             self._apply_faults(cluster, "prometheus", req, query)
-            response = handle_prometheus(cluster, req, req.path.removeprefix("/prometheus"))
+            if cluster.prometheus_allows(req.headers, req.client_cn):
+                response = handle_prometheus(cluster, req, req.path.removeprefix("/prometheus"))
+            else:  # what the authenticating proxy in front answers (plain text, no Prometheus JSON)
+                response = SimResponse(401, b"Unauthorized\n", "text/plain; charset=utf-8")
         else:
             self._apply_faults(cluster, "kube", req, query)
             response = handle_kube(cluster, req)

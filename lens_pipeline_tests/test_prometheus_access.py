@@ -1,0 +1,219 @@
+"""A cluster's Prometheus behind what real ones sit behind: HTTPS from a private CA, a bearer token
+or basic auth checked by a proxy, a client certificate, a tenant header. The registry's
+`prometheus_http` (Prometheus' own `http_config` names) held against the simulator's Prometheus
+over TLS, through `prometheus-api-client`, `lens doctor`'s probe and a real Dagster materialization."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+from dagster import instance_for_test
+
+from lens_pipeline.clusters import load_registry
+from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
+from lens_pipeline.defs.resources import (
+    ClusterRegistryResource,
+    LensDatabase,
+    PrometheusResource,
+    SafeDatabase,
+)
+from lens_pipeline.doctor import FAIL, diagnose_cluster
+from lens_pipeline.prom.reader import PromError
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+from lens_pipeline_tests.defs.support import edit_registry, materialize_cluster
+
+TOKEN, TENANT = "prom-token-1", "east"
+
+
+@pytest.fixture(scope="module")
+def tls_fleet():
+    fleet = SimFleet.generate(clusters=1, nodes=3, seed=11, vendor="nvidia")
+    with SimServer(fleet, tls=True) as server:
+        yield fleet.clusters[0], server
+
+
+@pytest.fixture
+def registry(tls_fleet, tmp_path):
+    """The simulator's registry (kubeconfigs with its CA) and a token file beside it; the cluster's
+    Prometheus open again after the test."""
+    cluster, server = tls_fleet
+    path = write_registry(tmp_path / "clusters.yaml", server)
+    (tmp_path / "prom-token").write_text(TOKEN + "\n")
+    yield path
+    cluster.require_prometheus_headers({})
+
+
+def _with_http(path: Path, http: dict) -> None:
+    edit_registry(path, lambda document: document["clusters"][0].update(prometheus_http=http))
+
+
+def _reader(path: Path):
+    registry = load_registry(path)
+    assert not registry.errors, registry.errors
+    (name,) = registry.names
+    return PrometheusResource(timeout_seconds=10).reader(registry.get(name))
+
+
+def _up(reader) -> int:
+    try:
+        return len(reader.vector("up"))
+    finally:
+        reader.close()
+
+
+def test_a_token_file_a_private_ca_and_a_tenant_header(tls_fleet, registry):
+    cluster, _server = tls_fleet
+    cluster.require_prometheus_headers({"Authorization": [f"Bearer {TOKEN}"], "X-Scope-OrgID": [TENANT]})
+    full = {
+        "authorization": {"credentials_file": "prom-token"},  # relative to the registry
+        "tls_config": {"ca_file": "sim-ca.crt"},
+        "http_headers": {"X-Scope-OrgID": {"values": [TENANT]}},
+    }
+    _with_http(registry, full)
+    assert _up(_reader(registry)) > 0
+
+    # Whatever is left out is refused, with the cause in the error.
+    without_tenant = {key: value for key, value in full.items() if key != "http_headers"}
+    _with_http(registry, without_tenant)
+    with pytest.raises(PromError, match="401"):
+        _up(_reader(registry))
+    _with_http(registry, {**full, "tls_config": {}})
+    with pytest.raises(PromError, match="CERTIFICATE_VERIFY_FAILED"):
+        _up(_reader(registry))
+    _with_http(registry, {**full, "tls_config": {"insecure_skip_verify": True}})
+    assert _up(_reader(registry)) > 0
+    _with_http(registry, {**full, "authorization": {"credentials": "stale"}})
+    with pytest.raises(PromError, match="401"):
+        _up(_reader(registry))
+
+
+def test_a_rotated_token_is_read_at_the_next_request(tls_fleet, registry):
+    """As Prometheus reads its http_config's files: a reader that lives on (`lens api`'s) picks up a
+    rotated projected token without being made anew; a file that cannot be read fails the query."""
+    cluster, _server = tls_fleet
+    cluster.require_prometheus_headers({"Authorization": [f"Bearer {TOKEN}"]})
+    _with_http(
+        registry,
+        {"authorization": {"credentials_file": "prom-token"}, "tls_config": {"ca_file": "sim-ca.crt"}},
+    )
+    reader = _reader(registry)
+    try:
+        assert len(reader.vector("up")) > 0
+        cluster.require_prometheus_headers({"Authorization": ["Bearer prom-token-2"]})
+        with pytest.raises(PromError, match="401"):
+            reader.vector("up")
+        (registry.parent / "prom-token").write_text("prom-token-2\n")
+        assert len(reader.vector("up")) > 0
+        (registry.parent / "prom-token").unlink()
+        with pytest.raises(PromError, match=r"credentials_file .* cannot be read"):
+            reader.vector("up")
+    finally:
+        reader.close()
+
+
+def test_basic_auth_and_a_client_certificate(tls_fleet, registry, tmp_path):
+    cluster, server = tls_fleet
+    cert, key = server.certificate.client_pair("lens-reader")
+    (tmp_path / "client.crt").write_bytes(cert)
+    (tmp_path / "client.key").write_bytes(key)
+    (tmp_path / "password").write_text("s3cret\n")
+    pair = base64.b64encode(b"lens:s3cret").decode()
+    cluster.require_prometheus_headers({"Authorization": [f"Basic {pair}"]}, client_cn="lens-reader")
+    tls = {"ca_file": "sim-ca.crt", "cert_file": "client.crt", "key_file": "client.key"}
+    _with_http(registry, {"basic_auth": {"username": "lens", "password_file": "password"}, "tls_config": tls})
+    assert _up(_reader(registry)) > 0
+    _with_http(registry, {"basic_auth": {"username": "lens", "password": "s3cret"}, "tls_config": tls})
+    assert _up(_reader(registry)) > 0
+    _with_http(
+        registry,
+        {"basic_auth": {"username": "lens", "password": "s3cret"}, "tls_config": {"ca_file": "sim-ca.crt"}},
+    )
+    with pytest.raises(PromError, match="401"):  # no client certificate
+        _up(_reader(registry))
+
+
+def test_bad_prometheus_http_entries_are_named_and_secrets_never_shown(tmp_path, tls_fleet):
+    _cluster, server = tls_fleet
+    path = write_registry(tmp_path / "clusters.yaml", server)
+    (tmp_path / "token").write_text("t")
+    good = {
+        "authorization": {"credentials": "inline-secret"},
+        "http_headers": {"X-Scope-OrgID": {"values": ["a"]}},
+    }
+    entries = {
+        "good": good,
+        "both": {
+            "authorization": {"credentials": "x"},
+            "basic_auth": {"username": "u", "password": "hunter2"},
+        },
+        "two-secrets": {"authorization": {"credentials": "x", "credentials_file": "token"}},
+        "no-secret": {"basic_auth": {"username": "u"}},
+        "gone": {"authorization": {"credentials_file": "no-such-token"}},
+        "half-pair": {"tls_config": {"cert_file": "token"}},
+        "auth-header": {"http_headers": {"authorization": {"values": ["Bearer x"]}}},
+        "server-name": {"tls_config": {"server_name": "prom.example"}},
+    }
+
+    def entries_for(document: dict) -> None:
+        template = document["clusters"][0]
+        document["clusters"] = [
+            {**template, "name": name, "prometheus_http": http} for name, http in entries.items()
+        ]
+
+    edit_registry(path, entries_for)
+    registry = load_registry(path)
+    assert registry.names == ["good"]
+    found = {(e.cluster, e.field) for e in registry.errors}
+    assert found == {
+        ("both", "prometheus_http"),
+        ("two-secrets", "prometheus_http.authorization"),
+        ("no-secret", "prometheus_http.basic_auth"),
+        ("gone", "prometheus_http.authorization.credentials_file"),
+        ("half-pair", "prometheus_http.tls_config"),
+        ("auth-header", "prometheus_http"),
+        ("server-name", "prometheus_http.tls_config.server_name"),
+    }, registry.errors
+    assert "inline-secret" not in repr(registry.get("good"))
+    assert all("inline-secret" not in str(e) and "hunter2" not in str(e) for e in registry.errors)
+
+
+def test_doctor_and_a_materialization_read_through_it(tls_fleet, registry, tmp_path):
+    """`lens doctor`'s probe and `gpu_nodes` read the cluster's utilization through the proxy's
+    checks; without the credentials, the doctor says why and the asset's check fails loudly."""
+    cluster, _server = tls_fleet
+    cluster.require_prometheus_headers({"Authorization": [f"Bearer {TOKEN}"]})
+    _with_http(
+        registry,
+        {"authorization": {"credentials_file": "prom-token"}, "tls_config": {"ca_file": "sim-ca.crt"}},
+    )
+    config = load_registry(registry).get(cluster.name)
+    failures = [f for f in diagnose_cluster(config) if f.status == FAIL]
+    assert not failures, failures
+
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [cluster.name])
+        resources = {
+            "registry": ClusterRegistryResource(clusters_file=str(registry)),
+            "lens_db": LensDatabase(url=f"sqlite:///{tmp_path / 'lens.db'}"),
+            "safe_db": SafeDatabase(url=f"sqlite:///{tmp_path / 'safe.db'}"),
+        }
+        result = materialize_cluster(
+            ["gpu_nodes"], instance=instance, partition_key=cluster.name, resources=resources
+        )
+        assert result.success
+        checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+        assert checks["every_gpu_node_has_utilization"] and checks["utilization_fresh"], checks
+
+        _with_http(registry, {"tls_config": {"ca_file": "sim-ca.crt"}})  # the token left out
+        config = load_registry(registry).get(cluster.name)
+        failures = [f for f in diagnose_cluster(config) if f.status == FAIL]
+        assert any("401" in f.detail for f in failures), failures
+        result = materialize_cluster(
+            ["gpu_nodes"], instance=instance, partition_key=cluster.name, resources=resources
+        )
+        checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+        assert checks["utilization_fresh"] is False, checks
