@@ -12,10 +12,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -78,13 +79,39 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-_M = TypeVar("_M", bound=BaseModel)
+# Text that goes into an HTTP header: no control character (a newline would split the header, and
+# the HTTP library's refusal would quote the value, a secret).
+_HEADER_TEXT = re.compile(r"^[^\x00-\x1f\x7f]*$")
+# An HTTP header name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+# Headers the client sets itself, which Prometheus' http_headers refuses as well.
+RESERVED_HEADERS = frozenset(
+    {
+        "authorization",
+        "host",
+        "content-encoding",
+        "content-length",
+        "content-type",
+        "user-agent",
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "www-authenticate",
+        "accept-encoding",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 
 
-def _one_of(model: _M, inline: str, from_file: str) -> _M:
-    if bool(getattr(model, inline)) == bool(getattr(model, from_file)):
-        raise ValueError(f"give exactly one of {inline} or {from_file}")
-    return model
+def header_text(value: str | None, what: str) -> str | None:
+    """`value` when it can go into a header; the error names `what`, never the value."""
+    if value is not None and not _HEADER_TEXT.match(value):
+        raise ValueError(f"{what} holds a control character (a newline?)")
+    return value
 
 
 class PromAuthorization(_Strict):
@@ -97,11 +124,16 @@ class PromAuthorization(_Strict):
 
     @model_validator(mode="after")
     def _one_secret(self) -> PromAuthorization:
-        return _one_of(self, "credentials", "credentials_file")
+        if self.type.lower() == "basic":
+            raise ValueError("for type Basic, use basic_auth (username and password)")
+        if bool(self.credentials) == bool(self.credentials_file):
+            raise ValueError("give exactly one of credentials or credentials_file")
+        header_text(self.credentials, "credentials")
+        return self
 
 
 class PromBasicAuth(_Strict):
-    """HTTP basic authentication (Prometheus' `basic_auth`)."""
+    """HTTP basic authentication (Prometheus' `basic_auth`; no password: an empty one)."""
 
     username: str
     password: str | None = Field(default=None, repr=False)
@@ -109,11 +141,16 @@ class PromBasicAuth(_Strict):
 
     @model_validator(mode="after")
     def _one_secret(self) -> PromBasicAuth:
-        return _one_of(self, "password", "password_file")
+        if self.password and self.password_file:
+            raise ValueError("give at most one of password or password_file")
+        header_text(self.username, "username")
+        header_text(self.password, "password")
+        return self
 
 
 class PromTLS(_Strict):
-    """How the Prometheus server is trusted and the client shows itself (Prometheus' `tls_config`)."""
+    """How the Prometheus server is trusted and the client shows itself (Prometheus' `tls_config`;
+    `insecure_skip_verify` checks no certificate, whatever `ca_file` says)."""
 
     ca_file: str | None = None
     cert_file: str | None = None
@@ -132,6 +169,12 @@ class PromTLS(_Strict):
 class PromHeader(_Strict):
     values: list[str] = Field(min_length=1, repr=False)
 
+    @model_validator(mode="after")
+    def _text(self) -> PromHeader:
+        for value in self.values:
+            header_text(value, "a value")
+        return self
+
 
 class PrometheusHttp(_Strict):
     """How to reach `prometheus_url` when it is not open HTTP (registry key `prometheus_http`): the
@@ -148,22 +191,15 @@ class PrometheusHttp(_Strict):
     def _one_authorization(self) -> PrometheusHttp:
         if self.authorization is not None and self.basic_auth is not None:
             raise ValueError("authorization and basic_auth are mutually exclusive")
-        if any(name.lower() == "authorization" for name in self.http_headers):
-            raise ValueError(
-                "set the Authorization header with authorization or basic_auth, not http_headers"
-            )
+        for name in self.http_headers:
+            if not _HEADER_NAME.match(name):
+                raise ValueError(f"http_headers: {name!r} is not a header name")
+            if name.lower() in RESERVED_HEADERS:
+                raise ValueError(
+                    f"http_headers: {name} is set by the client itself"
+                    + (" (use authorization or basic_auth)" if name.lower() == "authorization" else "")
+                )
         return self
-
-    def files(self) -> dict[str, str]:
-        """The files it names, by where in `prometheus_http` (they must exist)."""
-        named = {
-            "authorization.credentials_file": self.authorization and self.authorization.credentials_file,
-            "basic_auth.password_file": self.basic_auth and self.basic_auth.password_file,
-            "tls_config.ca_file": self.tls_config.ca_file,
-            "tls_config.cert_file": self.tls_config.cert_file,
-            "tls_config.key_file": self.tls_config.key_file,
-        }
-        return {where: path for where, path in named.items() if path}
 
 
 class ClusterConfig(BaseModel):
@@ -191,6 +227,9 @@ class ClusterConfig(BaseModel):
     key_file: str | None = None
     tls_server_name: str | None = None
     insecure_skip_tls_verify: bool = False
+    # The proxy to the API server (kubectl's `proxy-url`): http, https, socks5 or socks5h; by
+    # default the kubeconfig's own. Never shown: it may hold the proxy's user and password.
+    proxy_url: str | None = Field(default=None, pattern=r"^(https?|socks5h?)://[^\s]+$", repr=False)
     request_timeout_seconds: float = Field(default=30.0, gt=0)
     exporters: ExporterSettings = Field(default_factory=ExporterSettings)
     # JuiceFS volume -> its capacity in bytes, for volumes without a quota (they report a made-up 1 PiB).
@@ -202,6 +241,11 @@ class ClusterConfig(BaseModel):
         if (why := validate_cluster_name(name)) is not None:
             raise ValueError(why)
         return name
+
+    @field_validator("prometheus_http", mode="before")
+    @classmethod
+    def _open(cls, value: Any) -> Any:
+        return {} if value is None else value  # `prometheus_http: null`: open, whatever the defaults say
 
     @field_validator("prometheus_url")
     @classmethod
@@ -287,11 +331,22 @@ def load_registry(path: str | Path) -> Registry:
 
 
 def _with_defaults(defaults: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """`entry` over `defaults`; mappings (exporters, capacities) merged one level down."""
+    """`entry` over `defaults`; mappings (exporters, capacities) merged one level down, and
+    `prometheus_http` two (its `tls_config` and `http_headers` key by key; an entry's
+    `authorization` or `basic_auth` replaces the other one of the defaults)."""
     merged = {**defaults, **entry}
     for key, value in defaults.items():
         if isinstance(value, dict) and isinstance(entry.get(key), dict):
             merged[key] = {**value, **entry[key]}
+    default_http, own_http = defaults.get("prometheus_http"), entry.get("prometheus_http")
+    if isinstance(default_http, dict) and isinstance(own_http, dict):
+        http = merged["prometheus_http"]
+        for section in ("tls_config", "http_headers"):
+            if isinstance(default_http.get(section), dict) and isinstance(own_http.get(section), dict):
+                http[section] = {**default_http[section], **own_http[section]}
+        for one, other in (("authorization", "basic_auth"), ("basic_auth", "authorization")):
+            if own_http.get(one) is not None and other not in own_http:
+                http.pop(other, None)
     return merged
 
 
@@ -434,7 +489,7 @@ def _parse_entry(raw: dict[str, Any], base: Path) -> tuple[ClusterConfig | None,
         raw["prometheus_url"] = raw["prometheus_url"].replace("{name}", name)
     for path_field in _PATH_FIELDS:
         if raw.get(path_field) and isinstance(raw[path_field], str | Path):
-            raw[path_field] = str((base / str(raw[path_field])).resolve())
+            raw[path_field] = _absolute(base, str(raw[path_field]))
     if isinstance(raw.get("prometheus_http"), dict):
         raw["prometheus_http"] = _resolved(raw["prometheus_http"], base)
     try:
@@ -447,15 +502,20 @@ def _parse_entry(raw: dict[str, Any], base: Path) -> tuple[ClusterConfig | None,
     return (None, problems) if problems else (cluster, [])
 
 
+def _absolute(base: Path, path: str) -> str:
+    """`path` against `base`, its symbolic links kept: a key of a mounted Secret is a link through
+    `..data` to a dated folder the kubelet replaces at each update, so a path resolved to the folder
+    would name a file that is gone after the next rotation."""
+    return os.path.abspath(base / path)
+
+
 def _resolved(section: dict[str, Any], base: Path) -> dict[str, Any]:
     """`prometheus_http` with its file paths made absolute against `base` (one level down)."""
     out = dict(section)
     for key, value in section.items():
         if isinstance(value, dict):
             out[key] = {
-                name: str((base / item).resolve())
-                if name.endswith("_file") and isinstance(item, str)
-                else item
+                name: _absolute(base, item) if name.endswith("_file") and isinstance(item, str) else item
                 for name, item in value.items()
             }
     return out
@@ -487,9 +547,6 @@ def _connection_problems(cluster: ClusterConfig) -> list[tuple[str, str]]:
         path = getattr(cluster, path_field)
         if path and not Path(path).is_file():
             problems.append((path_field, f"{path!r} does not exist"))
-    for where, path in cluster.prometheus_http.files().items():
-        if not Path(path).is_file():
-            problems.append((f"prometheus_http.{where}", f"{path!r} does not exist"))
     has_certificate = bool(
         (cluster.cert_data or cluster.cert_file) and (cluster.key_data or cluster.key_file)
     )

@@ -6,12 +6,14 @@ over TLS, through `prometheus-api-client`, `lens doctor`'s probe and a real Dags
 from __future__ import annotations
 
 import base64
+import shutil
 from pathlib import Path
 
+import certifi
 import pytest
 from dagster import instance_for_test
 
-from lens_pipeline.clusters import load_registry
+from lens_pipeline.clusters import PrometheusHttp, load_registry
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import (
     ClusterRegistryResource,
@@ -24,6 +26,7 @@ from lens_pipeline.prom.reader import PromError
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
+from lens_pipeline.sim.tls import make_certificate
 from lens_pipeline_tests.defs.support import edit_registry, materialize_cluster
 
 TOKEN, TENANT = "prom-token-1", "east"
@@ -146,15 +149,22 @@ def test_bad_prometheus_http_entries_are_named_and_secrets_never_shown(tmp_path,
     }
     entries = {
         "good": good,
+        "username-only": {"basic_auth": {"username": "u"}},  # an empty password, as Prometheus
+        # A file that is not there yet: the cluster loads (its Kubernetes collection goes on) and
+        # its queries fail, naming the file.
+        "gone": {"authorization": {"credentials_file": "no-such-token"}},
         "both": {
             "authorization": {"credentials": "x"},
             "basic_auth": {"username": "u", "password": "hunter2"},
         },
         "two-secrets": {"authorization": {"credentials": "x", "credentials_file": "token"}},
-        "no-secret": {"basic_auth": {"username": "u"}},
-        "gone": {"authorization": {"credentials_file": "no-such-token"}},
+        "no-secret": {"authorization": {"type": "Bearer"}},
+        "basic-type": {"authorization": {"type": "basic", "credentials": "hunter2"}},
+        "newline": {"authorization": {"credentials": "hunter2\nX-Injected: 1"}},
         "half-pair": {"tls_config": {"cert_file": "token"}},
-        "auth-header": {"http_headers": {"authorization": {"values": ["Bearer x"]}}},
+        "auth-header": {"http_headers": {"authorization": {"values": ["Bearer hunter2"]}}},
+        "host-header": {"http_headers": {"Host": {"values": ["prom.example"]}}},
+        "bad-name": {"http_headers": {"X Tenant": {"values": ["a"]}}},
         "server-name": {"tls_config": {"server_name": "prom.example"}},
     }
 
@@ -166,19 +176,145 @@ def test_bad_prometheus_http_entries_are_named_and_secrets_never_shown(tmp_path,
 
     edit_registry(path, entries_for)
     registry = load_registry(path)
-    assert registry.names == ["good"]
+    assert registry.names == ["gone", "good", "username-only"]
     found = {(e.cluster, e.field) for e in registry.errors}
     assert found == {
         ("both", "prometheus_http"),
         ("two-secrets", "prometheus_http.authorization"),
-        ("no-secret", "prometheus_http.basic_auth"),
-        ("gone", "prometheus_http.authorization.credentials_file"),
+        ("no-secret", "prometheus_http.authorization"),
+        ("basic-type", "prometheus_http.authorization"),
+        ("newline", "prometheus_http.authorization"),
         ("half-pair", "prometheus_http.tls_config"),
         ("auth-header", "prometheus_http"),
+        ("host-header", "prometheus_http"),
+        ("bad-name", "prometheus_http"),
         ("server-name", "prometheus_http.tls_config.server_name"),
     }, registry.errors
     assert "inline-secret" not in repr(registry.get("good"))
     assert all("inline-secret" not in str(e) and "hunter2" not in str(e) for e in registry.errors)
+    with pytest.raises(PromError, match=r"credentials_file .*no-such-token.* cannot be read"):
+        _up(PrometheusResource(timeout_seconds=10).reader(registry.get("gone")))
+
+
+def test_defaults_merge_section_by_section_and_null_opens(tls_fleet, tmp_path):
+    """`defaults.prometheus_http` under each entry: `tls_config` and `http_headers` key by key, an
+    entry's `basic_auth` replacing the defaults' `authorization`, `prometheus_http: null` open."""
+    _cluster, server = tls_fleet
+    path = write_registry(tmp_path / "clusters.yaml", server)
+
+    def with_defaults(document: dict) -> None:
+        template = document["clusters"][0]
+        document["defaults"] = {
+            "prometheus_http": {
+                "authorization": {"credentials_file": "token"},
+                "tls_config": {"ca_file": "sim-ca.crt"},
+                "http_headers": {"X-Scope-OrgID": {"values": ["fleet"]}},
+            }
+        }
+        document["clusters"] = [
+            {**template, "name": "inherits"},
+            {
+                **template,
+                "name": "own",
+                "prometheus_http": {
+                    "basic_auth": {"username": "lens", "password_file": "password"},
+                    "tls_config": {"cert_file": "client.crt", "key_file": "client.key"},
+                    "http_headers": {"X-Extra": {"values": ["1"]}},
+                },
+            },
+            {**template, "name": "open", "prometheus_http": None},
+        ]
+
+    edit_registry(path, with_defaults)
+    registry = load_registry(path)
+    assert not registry.errors, registry.errors
+    inherits, own, open_ = (registry.get(n).prometheus_http for n in ("inherits", "own", "open"))
+    assert inherits.authorization is not None and inherits.tls_config.ca_file == str(tmp_path / "sim-ca.crt")
+    assert own.authorization is None and own.basic_auth is not None
+    assert own.basic_auth.password_file == str(tmp_path / "password")
+    assert (own.tls_config.ca_file, own.tls_config.cert_file) == (
+        str(tmp_path / "sim-ca.crt"),
+        str(tmp_path / "client.crt"),
+    )
+    assert set(own.http_headers) == {"X-Scope-OrgID", "X-Extra"}
+    assert open_ == PrometheusHttp()
+
+
+def test_a_secret_mounted_by_the_kubelet_is_followed_through_its_rotation(tls_fleet, registry):
+    """A Secret volume's key is a link through `..data` to a dated folder, which the kubelet swaps
+    and deletes at each update: the registry keeps the key's own path, and the next request reads
+    the new token (a path resolved to the dated folder would be gone)."""
+    cluster, _server = tls_fleet
+    volume = registry.parent / "secret"
+    (volume / "..2026_01").mkdir(parents=True)
+    (volume / "..2026_01" / "token").write_text(TOKEN + "\n")
+    (volume / "..data").symlink_to("..2026_01")
+    (volume / "token").symlink_to("..data/token")
+    cluster.require_prometheus_headers({"Authorization": [f"Bearer {TOKEN}"]})
+    _with_http(
+        registry,
+        {"authorization": {"credentials_file": "secret/token"}, "tls_config": {"ca_file": "sim-ca.crt"}},
+    )
+    reader = _reader(registry)
+    try:
+        assert len(reader.vector("up")) > 0
+        # The kubelet's update: a new dated folder, `..data` swapped to it, the old one deleted.
+        (volume / "..2026_02").mkdir()
+        (volume / "..2026_02" / "token").write_text("prom-token-2\n")
+        (volume / "..data_tmp").symlink_to("..2026_02")
+        (volume / "..data_tmp").replace(volume / "..data")
+        shutil.rmtree(volume / "..2026_01")
+        cluster.require_prometheus_headers({"Authorization": ["Bearer prom-token-2"]})
+        assert len(reader.vector("up")) > 0
+    finally:
+        reader.close()
+
+
+def test_what_goes_wrong_at_query_time_is_named_without_the_secret(tls_fleet, registry, monkeypatch):
+    """A token file of two lines, a CA file that is not there: the query fails with the file named
+    and the secret never shown. `insecure_skip_verify` checks no certificate even with a CA file
+    that would fail; `$REQUESTS_CA_BUNDLE` does not replace the registry's CA file."""
+    cluster, _server = tls_fleet
+    cluster.require_prometheus_headers({"Authorization": [f"Bearer {TOKEN}"]})
+    token = registry.parent / "prom-token"
+    token.write_text(f"{TOKEN}\nsecond-line-secret\n")
+    _with_http(
+        registry,
+        {"authorization": {"credentials_file": "prom-token"}, "tls_config": {"ca_file": "sim-ca.crt"}},
+    )
+    with pytest.raises(PromError, match="control character") as refused:
+        _up(_reader(registry))
+    assert "second-line-secret" not in str(refused.value) and TOKEN not in str(refused.value)
+    token.write_text(TOKEN + "\n")
+
+    (registry.parent / "other-ca.crt").write_bytes(make_certificate(("127.0.0.1",)).ca_pem)
+    _with_http(
+        registry,
+        {"authorization": {"credentials_file": "prom-token"}, "tls_config": {"ca_file": "other-ca.crt"}},
+    )
+    with pytest.raises(PromError, match="CERTIFICATE_VERIFY_FAILED"):
+        _up(_reader(registry))
+    _with_http(
+        registry,
+        {
+            "authorization": {"credentials_file": "prom-token"},
+            "tls_config": {"ca_file": "other-ca.crt", "insecure_skip_verify": True},
+        },
+    )
+    assert _up(_reader(registry)) > 0
+    _with_http(
+        registry,
+        {"authorization": {"credentials_file": "prom-token"}, "tls_config": {"ca_file": "no-such-ca.crt"}},
+    )
+    with pytest.raises(PromError, match=r"no-such-ca\.crt"):
+        _up(_reader(registry))
+
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", certifi.where())  # the public CAs, not the simulator's
+    _with_http(
+        registry,
+        {"authorization": {"credentials_file": "prom-token"}, "tls_config": {"ca_file": "sim-ca.crt"}},
+    )
+    assert _up(_reader(registry)) > 0
 
 
 def test_doctor_and_a_materialization_read_through_it(tls_fleet, registry, tmp_path):

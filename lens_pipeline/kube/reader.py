@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import urllib3
+import yaml
 
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.memory import paused_gc
@@ -188,13 +189,62 @@ def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
             configuration.cert_file = cluster.cert_file or _pem_file(cluster.cert_data)
             configuration.key_file = cluster.key_file or _pem_file(cluster.key_data)
             configuration.tls_server_name = cluster.tls_server_name
-        return client.ApiClient(configuration)
-    except (ConfigException, OSError, ValueError, TypeError) as exc:
+        api = client.ApiClient(configuration)
+        proxy = cluster.proxy_url or (
+            kubeconfig_proxy_url(cluster.kubeconfig, cluster.context) if cluster.kubeconfig else None
+        )
+        if proxy:
+            _through_proxy(api, proxy)
+        return api
+    except (ConfigException, OSError, ValueError, TypeError, ImportError) as exc:
         # The message of a config error may quote the kubeconfig; keep only its type and first line.
         first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise KubeError(
             cluster.name, "(client configuration)", f"{type(exc).__name__}: {first_line}"
         ) from None
+
+
+def kubeconfig_proxy_url(path: str, context: str | None) -> str | None:
+    """The `proxy-url` of the kubeconfig's cluster for `context` (else its current context): the
+    proxy kubectl takes to that API server (http, https or socks5), which the Python client's
+    loader does not read."""
+    with open(path, encoding="utf-8") as handle:
+        document = yaml.safe_load(handle) or {}
+    wanted = context or document.get("current-context")
+    cluster_name = next(
+        (
+            (c.get("context") or {}).get("cluster")
+            for c in document.get("contexts") or ()
+            if isinstance(c, dict) and c.get("name") == wanted
+        ),
+        None,
+    )
+    entry = next(
+        (
+            c.get("cluster") or {}
+            for c in document.get("clusters") or ()
+            if isinstance(c, dict) and c.get("name") == cluster_name
+        ),
+        {},
+    )
+    proxy = entry.get("proxy-url") if isinstance(entry, dict) else None
+    return str(proxy) if proxy else None
+
+
+def _through_proxy(api: k8s_client.ApiClient, proxy: str) -> None:
+    """Send every request of `api` through `proxy`, with the TLS settings and pool sizes the client
+    chose for its direct connections (the client knows only an HTTP proxy from the environment)."""
+    rest = api.rest_client
+    direct = rest.pool_manager
+    settings = {k: v for k, v in direct.connection_pool_kw.items() if not k.startswith("_proxy")}
+    pools = getattr(direct.pools, "_maxsize", 10)  # what the client asked of its pool manager
+    if proxy.startswith(("socks5://", "socks5h://")):
+        from urllib3.contrib.socks import SOCKSProxyManager  # PySocks: a dependency of ours
+
+        rest.pool_manager = SOCKSProxyManager(proxy, num_pools=pools, **settings)
+    else:
+        rest.pool_manager = urllib3.ProxyManager(proxy, num_pools=pools, **settings)
+    direct.clear()
 
 
 _PEM_FILES: dict[str, str] = {}

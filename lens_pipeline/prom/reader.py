@@ -20,7 +20,7 @@ import requests.auth
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from lens_pipeline.clusters import PrometheusHttp
+from lens_pipeline.clusters import PrometheusHttp, header_text
 from lens_pipeline.retry import PROM_REQUEST, PROM_RETRIES
 
 # How far back the metric and label names are looked up: recent enough that what was renamed or
@@ -122,6 +122,8 @@ class PromReader:
             raise PromError(self.cluster, query, str(exc)[:300]) from None
         except requests.RequestException as exc:
             raise PromError(self.cluster, query, _request_failure(exc)) from None
+        except OSError as exc:  # requests' own: a CA or client certificate file that is not there
+            raise PromError(self.cluster, query, f"{type(exc).__name__}: {str(exc)[:200]}") from None
         except ValueError as exc:  # a 200 whose body is not the JSON Prometheus answers with
             raise PromError(self.cluster, query, f"malformed response: {exc}") from None
 
@@ -371,7 +373,7 @@ def _labels(series: Any) -> dict[str, str]:
 def configure_session(session: requests.Session, http: PrometheusHttp) -> None:
     """Give `session` the registry's TLS settings, headers and credentials for one Prometheus."""
     tls = http.tls_config
-    session.verify = tls.ca_file or not tls.insecure_skip_verify
+    session.verify = False if tls.insecure_skip_verify else (tls.ca_file or True)
     if tls.cert_file and tls.key_file:
         session.cert = (tls.cert_file, tls.key_file)
     # Several values of one header go as one comma-separated line (RFC 9110's list form).
@@ -401,14 +403,18 @@ class _RegistryAuthorization(requests.auth.AuthBase):
 
 
 def _secret(path: str | None, what: str) -> str:
-    """A secret file's content less its final newline (as a mounted Secret key is written)."""
+    """A secret file's content less the white space around it, as Prometheus reads one. Raised as a
+    RequestException, so that the query fails with the cause named, as a refused connection does;
+    never with the content."""
     try:
-        return Path(str(path)).read_text(encoding="utf-8").rstrip("\r\n")
+        secret = Path(str(path)).read_text(encoding="utf-8").strip()
+        return str(header_text(secret, f"{what} {str(path)!r}"))
     except (OSError, UnicodeDecodeError) as exc:
-        # A RequestException: the query fails with the cause named, as a refused connection does.
         raise requests.exceptions.InvalidHeader(
             f"prometheus_http {what} {str(path)!r} cannot be read ({type(exc).__name__})"
         ) from None
+    except ValueError as exc:
+        raise requests.exceptions.InvalidHeader(f"prometheus_http {exc}") from None
 
 
 def _request_failure(exc: requests.RequestException) -> str:

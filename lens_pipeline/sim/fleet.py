@@ -751,6 +751,9 @@ class SimCluster:
         values (and, over TLS, a client certificate of common name `client_cn`), as one behind an
         authenticating proxy does: OpenShift's thanos-querier wants a bearer token, vmauth or an
         ingress basic auth or a client certificate, Mimir its X-Scope-OrgID. `({})`: open again."""
+        for name, values in headers.items():
+            if isinstance(values, str | bytes):
+                raise TypeError(f"cluster {self.name}: header {name!r} takes a list of values, not one text")
         with self._lock:
             self.prometheus_requires = {name.lower(): frozenset(values) for name, values in headers.items()}
             self.prometheus_client_cn = client_cn

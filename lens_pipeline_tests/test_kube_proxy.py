@@ -1,0 +1,149 @@
+"""An API server reached through a proxy, as kubectl reaches it: the kubeconfig's `proxy-url` (an
+HTTP CONNECT proxy, or SOCKS5 as the Kubernetes docs set up with `ssh -D`), or the registry's
+`proxy_url`. Held against Debian's tinyproxy and microsocks in front of the simulator over TLS,
+through the real `kubernetes` client and kubectl."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lens_pipeline.clusters import load_registry
+from lens_pipeline.kube.reader import KubeError, KubeReader
+from lens_pipeline.sim.fleet import SimFleet
+from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.server import SimServer
+from lens_pipeline_tests.conftest import skip_unless
+from lens_pipeline_tests.ports import free_port
+
+
+def _installed(tool: str) -> None:
+    skip_unless(bool(shutil.which(tool)), f"Debian's {tool} is not installed (apt-get install {tool})")
+
+
+@pytest.fixture(scope="module")
+def tls_fleet():
+    fleet = SimFleet.generate(clusters=1, nodes=3, seed=12, vendor="amd")
+    with SimServer(fleet, tls=True) as server:
+        yield fleet.clusters[0], server
+
+
+def _serving(process: subprocess.Popen, port: int, log: Path) -> None:
+    import socket
+
+    deadline = time.monotonic() + 10
+    while True:
+        assert process.poll() is None, log.read_text()
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def http_proxy(tmp_path) -> Iterator[tuple[str, Path]]:
+    """tinyproxy on a free port: (its URL, its log, where each CONNECT is written)."""
+    _installed("tinyproxy")
+    port = free_port()
+    config = tmp_path / "tinyproxy.conf"
+    config.write_text(f"Port {port}\nListen 127.0.0.1\nTimeout 60\nLogLevel Connect\nAllow 127.0.0.1\n")
+    log = tmp_path / "tinyproxy.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["tinyproxy", "-d", "-c", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        _serving(process, port, log)
+        yield f"http://127.0.0.1:{port}", log
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture
+def socks_proxy(tmp_path) -> Iterator[tuple[int, Path]]:
+    """microsocks on a free port, with a user and password: (its port, its log)."""
+    _installed("microsocks")
+    port = free_port()
+    log = tmp_path / "microsocks.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["microsocks", "-i", "127.0.0.1", "-p", str(port), "-u", "lens", "-P", "s0cks"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _serving(process, port, log)
+        yield port, log
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _with_proxy_url(registry: Path, proxy: str | None) -> Path:
+    """The registry's kubeconfig with `proxy-url` set on its cluster (or removed)."""
+    document = yaml.safe_load(registry.read_text())
+    path = registry.parent / document["clusters"][0]["kubeconfig"]
+    kubeconfig = yaml.safe_load(path.read_text())
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    cluster.pop("proxy-url", None)
+    if proxy is not None:
+        cluster["proxy-url"] = proxy
+    path.write_text(yaml.safe_dump(kubeconfig))
+    return path
+
+
+def _nodes(registry: Path) -> int:
+    loaded = load_registry(registry)
+    assert not loaded.errors, loaded.errors
+    with KubeReader(loaded.get(loaded.names[0]), max_retries=0) as reader:
+        return len(reader.list("/api/v1/nodes", lambda n: n))
+
+
+def test_the_kubeconfigs_http_proxy_carries_every_request(tls_fleet, http_proxy, tmp_path):
+    cluster, server = tls_fleet
+    proxy, log = http_proxy
+    registry = write_registry(tmp_path / "clusters.yaml", server)
+    nodes = len(cluster.node_names()) + 2
+    kubeconfig = _with_proxy_url(registry, proxy)
+    assert _nodes(registry) == nodes
+    assert f"CONNECT 127.0.0.1:{server.port}" in log.read_text()
+    if shutil.which("kubectl"):  # kubectl takes the same way
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "name"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0 and len(done.stdout.split()) == nodes, done.stderr
+
+    # A proxy that is not there fails the read, with the proxy named: the client took the way.
+    _with_proxy_url(registry, f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(KubeError, match=r"(?i)proxy"):
+        _nodes(registry)
+
+
+def test_socks5_from_the_kubeconfig_or_the_registry(tls_fleet, socks_proxy, tmp_path):
+    cluster, server = tls_fleet
+    port, _log = socks_proxy
+    registry = write_registry(tmp_path / "clusters.yaml", server)
+    nodes = len(cluster.node_names()) + 2
+    _with_proxy_url(registry, f"socks5://lens:s0cks@127.0.0.1:{port}")
+    assert _nodes(registry) == nodes
+    _with_proxy_url(registry, f"socks5h://lens:wrong@127.0.0.1:{port}")  # the proxy refuses
+    with pytest.raises(KubeError):
+        _nodes(registry)
+
+    # The registry's proxy_url wins over the kubeconfig's (here a wrong one), and is never shown.
+    document = yaml.safe_load(registry.read_text())
+    document["clusters"][0]["proxy_url"] = f"socks5h://lens:s0cks@127.0.0.1:{port}"
+    registry.write_text(yaml.safe_dump(document))
+    assert _nodes(registry) == nodes
+    assert "s0cks" not in repr(load_registry(registry).get(cluster.name))
