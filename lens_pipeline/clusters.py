@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -229,7 +230,7 @@ class ClusterConfig(BaseModel):
     insecure_skip_tls_verify: bool = False
     # The proxy to the API server (kubectl's `proxy-url`): http, https, socks5 or socks5h; by
     # default the kubeconfig's own. Never shown: it may hold the proxy's user and password.
-    proxy_url: str | None = Field(default=None, pattern=r"^(https?|socks5h?)://[^\s]+$", repr=False)
+    proxy_url: str | None = Field(default=None, repr=False)
     request_timeout_seconds: float = Field(default=30.0, gt=0)
     exporters: ExporterSettings = Field(default_factory=ExporterSettings)
     # JuiceFS volume -> its capacity in bytes, for volumes without a quota (they report a made-up 1 PiB).
@@ -246,6 +247,13 @@ class ClusterConfig(BaseModel):
     @classmethod
     def _open(cls, value: Any) -> Any:
         return {} if value is None else value  # `prometheus_http: null`: open, whatever the defaults say
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy(cls, url: str | None) -> str | None:
+        if url is not None and (why := proxy_problem(url)) is not None:
+            raise ValueError(why)
+        return url
 
     @field_validator("prometheus_url")
     @classmethod
@@ -557,6 +565,62 @@ def _connection_problems(cluster: ClusterConfig) -> list[tuple[str, str]]:
     return problems
 
 
+PROXY_SCHEMES = ("http", "https", "socks5", "socks5h")
+
+
+def proxy_problem(url: str) -> str | None:
+    """Why `url` is no proxy to an API server, or None. kubectl's `proxy-url` schemes (http, https,
+    socks5) and socks5h; the text never repeats the URL, which may hold a password."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return "proxy URL: not a URL with a valid host and port"
+    if parts.scheme.lower() not in PROXY_SCHEMES:
+        return f"proxy URL: scheme {parts.scheme!r:.20} is not one of {', '.join(PROXY_SCHEMES)}"
+    if not parts.hostname:
+        return "proxy URL: no host"
+    if port is None and parts.scheme.lower().startswith("socks"):
+        return "proxy URL: a SOCKS proxy needs its port"
+    return None
+
+
+def kubeconfig_proxy_url(document: Any, context: str | None) -> str | None:
+    """The `proxy-url` of a parsed kubeconfig's cluster for `context` (else its current context):
+    the proxy kubectl takes to that API server, which the Python client's loader does not read."""
+    if not isinstance(document, dict):
+        return None
+    wanted = context or document.get("current-context")
+    cluster_name = next(
+        (
+            (c.get("context") or {}).get("cluster")
+            for c in document.get("contexts") or ()
+            if isinstance(c, dict) and c.get("name") == wanted and isinstance(c.get("context"), dict)
+        ),
+        None,
+    )
+    entry = next(
+        (
+            c.get("cluster")
+            for c in document.get("clusters") or ()
+            if isinstance(c, dict) and c.get("name") == cluster_name
+        ),
+        None,
+    )
+    proxy = entry.get("proxy-url") if isinstance(entry, dict) else None
+    return str(proxy) if proxy else None
+
+
+def read_kubeconfig_proxy_url(path: str, context: str | None) -> str | None:
+    """`kubeconfig_proxy_url` of the file at `path`; ValueError naming only the file when it cannot
+    be read (its text holds credentials)."""
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"kubeconfig {path!r} is not readable YAML ({type(exc).__name__})") from None
+    return kubeconfig_proxy_url(document, context)
+
+
 def _check_kubeconfig(path: str, context: str | None) -> str | None:
     """Why this kubeconfig cannot be used, or None. Never echoes its content (it holds credentials)."""
     try:
@@ -573,4 +637,7 @@ def _check_kubeconfig(path: str, context: str | None) -> str | None:
         return f"file {path!r} has no current-context; name one with 'context'"
     if wanted not in names:
         return f"context {wanted!r} is not in {path!r} (it has: {', '.join(map(str, names)) or 'none'})"
+    proxy = kubeconfig_proxy_url(document, context)
+    if proxy is not None and (why := proxy_problem(proxy)) is not None:
+        return f"file {path!r}: the proxy-url of context {wanted!r}: {why}"
     return None

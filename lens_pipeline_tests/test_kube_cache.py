@@ -575,9 +575,13 @@ def test_an_edit_of_a_clusters_prometheus_or_exporters_alone_keeps_what_the_cach
     """What the cache serves depends on how the API server is reached (`KUBE_FIELDS`), not on the
     entry's other fields: a new Prometheus URL neither drops 165,000 kept pods nor turns a run
     with the new entry away. Every field of an entry is one or the other."""
-    assert KUBE_FIELDS | {"vendor", "prometheus_url", "exporters", "juicefs_capacity_bytes"} == set(
-        ClusterConfig.model_fields
-    )
+    assert KUBE_FIELDS | {
+        "vendor",
+        "prometheus_url",
+        "prometheus_http",
+        "exporters",
+        "juicefs_capacity_bytes",
+    } == set(ClusterConfig.model_fields)
     cluster, _ = served
     watch_cache, url = cache
     _until(lambda: _served_from_cache(_reader(served, url), NODES))

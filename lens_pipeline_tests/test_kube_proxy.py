@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lens_pipeline.clusters import load_registry
-from lens_pipeline.kube.reader import KubeError, KubeReader
+from lens_pipeline.clusters import kubeconfig_proxy_url, load_registry, proxy_problem
+from lens_pipeline.kube.reader import KubeError, KubeReader, api_client_for
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
@@ -49,11 +49,14 @@ def _serving(process: subprocess.Popen, port: int, log: Path) -> None:
 
 @pytest.fixture
 def http_proxy(tmp_path) -> Iterator[tuple[str, Path]]:
-    """tinyproxy on a free port: (its URL, its log, where each CONNECT is written)."""
+    """tinyproxy on a free port, with a user and password: (its URL with them, its log, where each
+    CONNECT is written)."""
     _installed("tinyproxy")
     port = free_port()
     config = tmp_path / "tinyproxy.conf"
-    config.write_text(f"Port {port}\nListen 127.0.0.1\nTimeout 60\nLogLevel Connect\nAllow 127.0.0.1\n")
+    config.write_text(
+        f"Port {port}\nListen 127.0.0.1\nTimeout 60\nLogLevel Connect\nAllow 127.0.0.1\nBasicAuth lens pr0xy\n"
+    )
     log = tmp_path / "tinyproxy.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -61,7 +64,7 @@ def http_proxy(tmp_path) -> Iterator[tuple[str, Path]]:
         )
     try:
         _serving(process, port, log)
-        yield f"http://127.0.0.1:{port}", log
+        yield f"http://lens:pr0xy@127.0.0.1:{port}", log
     finally:
         process.terminate()
         process.wait(10)
@@ -107,14 +110,20 @@ def _nodes(registry: Path) -> int:
         return len(reader.list("/api/v1/nodes", lambda n: n))
 
 
-def test_the_kubeconfigs_http_proxy_carries_every_request(tls_fleet, http_proxy, tmp_path):
+def test_the_kubeconfigs_http_proxy_carries_every_request(tls_fleet, http_proxy, tmp_path, monkeypatch):
+    """Through tinyproxy with its user and password, as kubectl goes; an environment proxy (here a
+    SOCKS one that is not there) does not take the place of the kubeconfig's."""
     cluster, server = tls_fleet
     proxy, log = http_proxy
     registry = write_registry(tmp_path / "clusters.yaml", server)
     nodes = len(cluster.node_names()) + 2
     kubeconfig = _with_proxy_url(registry, proxy)
+    monkeypatch.setenv("HTTPS_PROXY", f"socks5://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     assert _nodes(registry) == nodes
     assert f"CONNECT 127.0.0.1:{server.port}" in log.read_text()
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.delenv("NO_PROXY")
     if shutil.which("kubectl"):  # kubectl takes the same way
         done = subprocess.run(
             ["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "name"],
@@ -124,6 +133,11 @@ def test_the_kubeconfigs_http_proxy_carries_every_request(tls_fleet, http_proxy,
         )
         assert done.returncode == 0 and len(done.stdout.split()) == nodes, done.stderr
 
+    # The wrong password: the proxy's refusal, and the password never in the error.
+    _with_proxy_url(registry, proxy.replace("pr0xy", "wr0ng"))
+    with pytest.raises(KubeError, match=r"Tunnel connection failed: 40[17]") as refused:
+        _nodes(registry)
+    assert "wr0ng" not in str(refused.value) and "pr0xy" not in str(refused.value)
     # A proxy that is not there fails the read, with the proxy named: the client took the way.
     _with_proxy_url(registry, f"http://127.0.0.1:{free_port()}")
     with pytest.raises(KubeError, match=r"(?i)proxy"):
@@ -135,15 +149,80 @@ def test_socks5_from_the_kubeconfig_or_the_registry(tls_fleet, socks_proxy, tmp_
     port, _log = socks_proxy
     registry = write_registry(tmp_path / "clusters.yaml", server)
     nodes = len(cluster.node_names()) + 2
-    _with_proxy_url(registry, f"socks5://lens:s0cks@127.0.0.1:{port}")
+    _with_proxy_url(registry, f"SOCKS5://lens:s0cks@127.0.0.1:{port}")  # a scheme in any case, as kubectl
     assert _nodes(registry) == nodes
-    _with_proxy_url(registry, f"socks5h://lens:wrong@127.0.0.1:{port}")  # the proxy refuses
-    with pytest.raises(KubeError):
+    config = load_registry(registry).get(cluster.name)
+    # The proxy resolves the API server's name, as Go's socks5 dialer lets it (a name known only
+    # behind the bastion); urllib3 calls that socks5h.
+    manager = api_client_for(config).rest_client.pool_manager
+    assert manager.connection_pool_kw["_socks_options"]["rdns"] is True
+    _with_proxy_url(registry, f"socks5h://lens:wr0ng@127.0.0.1:{port}")  # the proxy refuses
+    with pytest.raises(KubeError, match=r"(?i)socks|auth") as refused:
         _nodes(registry)
+    assert "wr0ng" not in str(refused.value)
 
     # The registry's proxy_url wins over the kubeconfig's (here a wrong one), and is never shown.
     document = yaml.safe_load(registry.read_text())
-    document["clusters"][0]["proxy_url"] = f"socks5h://lens:s0cks@127.0.0.1:{port}"
+    document["clusters"][0]["proxy_url"] = f"socks5://lens:s0cks@127.0.0.1:{port}"
     registry.write_text(yaml.safe_dump(document))
     assert _nodes(registry) == nodes
     assert "s0cks" not in repr(load_registry(registry).get(cluster.name))
+
+
+def test_the_proxy_of_the_context_in_use_and_bad_proxies_named_without_their_password(tmp_path):
+    document = {
+        "current-context": "b",
+        "contexts": [
+            {"name": "a", "context": {"cluster": "one", "user": "u"}},
+            {"name": "b", "context": {"cluster": "two", "user": "u"}},
+        ],
+        "clusters": [
+            {"name": "one", "cluster": {"server": "https://one:6443", "proxy-url": "http://p1:3128"}},
+            {"name": "two", "cluster": {"server": "https://two:6443", "proxy-url": "socks5://p2:1080"}},
+        ],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+    }
+    assert kubeconfig_proxy_url(document, "a") == "http://p1:3128"
+    assert kubeconfig_proxy_url(document, None) == "socks5://p2:1080"
+    assert kubeconfig_proxy_url({**document, "clusters": []}, "a") is None
+    assert proxy_problem("HTTPS://proxy.example:3128") is None
+    for bad, why in (
+        ("socks4://u:hunter2@p:1080", "scheme"),
+        ("http://u:hunter2@p:99999", "port"),
+        ("socks5://u:hunter2@p", "port"),
+        ("http://", "host"),
+    ):
+        problem = proxy_problem(bad)
+        assert problem is not None and why in problem and "hunter2" not in problem, (bad, problem)
+
+    # In a registry: the entry is refused, the field named, the password never shown.
+    kubeconfig = tmp_path / "k.yaml"
+    broken = {
+        **document,
+        "clusters": [
+            {**c, "cluster": {**c["cluster"], "proxy-url": "socks4://u:hunter2@p:1"}}
+            for c in document["clusters"]
+        ],
+    }
+    kubeconfig.write_text(yaml.safe_dump(broken))
+    (tmp_path / "clusters.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [
+                    {"name": "from-kubeconfig", "kubeconfig": "k.yaml"},
+                    {
+                        "name": "own",
+                        "server": "https://s:6443",
+                        "token": "t",
+                        "proxy_url": "http://u:hunter2@p:99999",
+                    },
+                ]
+            }
+        )
+    )
+    registry = load_registry(tmp_path / "clusters.yaml")
+    assert {(e.cluster, e.field) for e in registry.errors} == {
+        ("from-kubeconfig", "kubeconfig"),
+        ("own", "proxy_url"),
+    }
+    assert all("hunter2" not in str(e) for e in registry.errors), registry.errors

@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 import urllib3
-import yaml
 
-from lens_pipeline.clusters import ClusterConfig
+from lens_pipeline.clusters import ClusterConfig, proxy_problem, read_kubeconfig_proxy_url
 from lens_pipeline.memory import paused_gc
 from lens_pipeline.retry import KUBE_REQUEST, KUBE_RETRIES
 
@@ -90,6 +89,7 @@ KUBE_FIELDS = frozenset(
         "key_file",
         "tls_server_name",
         "insecure_skip_tls_verify",
+        "proxy_url",
         "request_timeout_seconds",
     }
 )
@@ -189,10 +189,13 @@ def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
             configuration.cert_file = cluster.cert_file or _pem_file(cluster.cert_data)
             configuration.key_file = cluster.key_file or _pem_file(cluster.key_data)
             configuration.tls_server_name = cluster.tls_server_name
-        api = client.ApiClient(configuration)
         proxy = cluster.proxy_url or (
-            kubeconfig_proxy_url(cluster.kubeconfig, cluster.context) if cluster.kubeconfig else None
+            read_kubeconfig_proxy_url(cluster.kubeconfig, cluster.context) if cluster.kubeconfig else None
         )
+        if proxy:
+            # The entry's proxy, not the environment's: the client read HTTPS_PROXY and NO_PROXY.
+            configuration.proxy = configuration.no_proxy = None
+        api = client.ApiClient(configuration)
         if proxy:
             _through_proxy(api, proxy)
         return api
@@ -204,46 +207,40 @@ def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
         ) from None
 
 
-def kubeconfig_proxy_url(path: str, context: str | None) -> str | None:
-    """The `proxy-url` of the kubeconfig's cluster for `context` (else its current context): the
-    proxy kubectl takes to that API server (http, https or socks5), which the Python client's
-    loader does not read."""
-    with open(path, encoding="utf-8") as handle:
-        document = yaml.safe_load(handle) or {}
-    wanted = context or document.get("current-context")
-    cluster_name = next(
-        (
-            (c.get("context") or {}).get("cluster")
-            for c in document.get("contexts") or ()
-            if isinstance(c, dict) and c.get("name") == wanted
-        ),
-        None,
-    )
-    entry = next(
-        (
-            c.get("cluster") or {}
-            for c in document.get("clusters") or ()
-            if isinstance(c, dict) and c.get("name") == cluster_name
-        ),
-        {},
-    )
-    proxy = entry.get("proxy-url") if isinstance(entry, dict) else None
-    return str(proxy) if proxy else None
-
-
 def _through_proxy(api: k8s_client.ApiClient, proxy: str) -> None:
-    """Send every request of `api` through `proxy`, with the TLS settings and pool sizes the client
-    chose for its direct connections (the client knows only an HTTP proxy from the environment)."""
+    """Send every request of `api` through `proxy`, as kubectl does with a `proxy-url`: the TLS
+    settings and pool sizes the client chose for its direct connections kept, the proxy's user and
+    password sent as kubectl sends them (Proxy-Authorization to an HTTP proxy, SOCKS5's own
+    authentication), and names resolved by a SOCKS proxy, not here (socks5 is socks5h, as in Go).
+    Errors never quote the URL, which may hold a password."""
+    from urllib.parse import unquote
+
+    if (why := proxy_problem(proxy)) is not None:
+        raise ValueError(why)
+    parts = urllib3.util.parse_url(proxy)
+    scheme, auth = (parts.scheme or "").lower(), parts.auth
+    user, _, password = (unquote(x) for x in (auth or "").partition(":"))
     rest = api.rest_client
     direct = rest.pool_manager
-    settings = {k: v for k, v in direct.connection_pool_kw.items() if not k.startswith("_proxy")}
-    pools = getattr(direct.pools, "_maxsize", 10)  # what the client asked of its pool manager
-    if proxy.startswith(("socks5://", "socks5h://")):
+    # What the client set for its connections, less what belongs to the way it took (an
+    # environment proxy's, a SOCKS manager's).
+    settings = {k: v for k, v in direct.connection_pool_kw.items() if not k.startswith("_")}
+    pools = getattr(direct.pools, "_maxsize", 10)
+    if scheme.startswith("socks5"):
         from urllib3.contrib.socks import SOCKSProxyManager  # PySocks: a dependency of ours
 
-        rest.pool_manager = SOCKSProxyManager(proxy, num_pools=pools, **settings)
+        rest.pool_manager = SOCKSProxyManager(
+            f"socks5h://{parts.netloc}",
+            username=user if auth else None,
+            password=password if auth else None,
+            num_pools=pools,
+            **settings,
+        )
     else:
-        rest.pool_manager = urllib3.ProxyManager(proxy, num_pools=pools, **settings)
+        headers = urllib3.make_headers(proxy_basic_auth=f"{user}:{password}") if auth else None
+        rest.pool_manager = urllib3.ProxyManager(
+            f"{scheme}://{parts.netloc}", num_pools=pools, proxy_headers=headers, **settings
+        )
     direct.clear()
 
 
