@@ -353,3 +353,13 @@ def test_doctor_and_a_materialization_read_through_it(tls_fleet, registry, tmp_p
         )
         checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
         assert checks["utilization_fresh"] is False, checks
+
+
+def test_the_simulators_tls_registry_reaches_its_prometheus(tls_fleet, tmp_path, monkeypatch):
+    """`lens sim --tls` writes a registry whose Prometheus is trusted by the simulator's CA, as its
+    API server is (before, only the kubeconfigs carried the CA and every query failed verification)."""
+    _cluster, server = tls_fleet
+    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(variable, raising=False)
+    registry = load_registry(write_registry(tmp_path / "clusters.yaml", server))
+    assert _up(PrometheusResource(timeout_seconds=10).reader(registry.get(registry.names[0]))) > 0

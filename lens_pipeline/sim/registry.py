@@ -74,6 +74,12 @@ def write_registry(path: str | os.PathLike[str], server: SimServer) -> Path:
                 "kubeconfig": f"kubeconfigs/{cluster.name}.yaml",
                 "context": cluster.name,
                 "prometheus_url": server.prometheus_url(cluster.name),
+                # Over TLS its Prometheus is trusted by the same CA as its API server.
+                **(
+                    {"prometheus_http": {"tls_config": {"ca_file": "sim-ca.crt"}}}
+                    if server.certificate is not None
+                    else {}
+                ),
                 "vendor": cluster.vendor,
             }
         )
