@@ -52,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument(
         "--watch-port", type=int, default=8095, help="watch cache port (0: the runs list from the simulator)"
     )
+    demo.add_argument(
+        "--tls",
+        action="store_true",
+        help="the simulator serves HTTPS from a fresh CA, so that kubectl (which sends tokens only over "
+        "TLS) can use the kubeconfigs the demo writes",
+    )
 
     api = commands.add_parser("api", help="the read API: cluster overview, nodes, workloads (spec §7)")
     api.add_argument("--database-url", help=f"Lens database (default: ${settings.LENS_DATABASE_URL})")
@@ -360,11 +366,18 @@ def _demo(args: argparse.Namespace) -> int:
     # The simulator serves from this process, as `lens sim` does from its own: the same short GIL
     # slices, so that a Kubernetes page does not queue behind a PromQL evaluation.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    server = SimServer(fleet)
+    server = SimServer(fleet, tls=args.tls)
     server.start()
     registry = state / "clusters.yaml"
     write_registry(registry, server)
     print(f"[lens demo] simulator on {server.url}; registry {registry}")
+    first = next(iter(fleet)).name
+    kubeconfig = state / "kubeconfigs" / f"{first}.yaml"
+    print(
+        f"[lens demo] kubectl --kubeconfig {kubeconfig} get pods -A"
+        if args.tls
+        else "[lens demo] kubectl sends its token only over TLS: `lens demo --tls` for kubeconfigs it can use"
+    )
     stopped = threading.Event()
     if args.churn > 0:
         threading.Thread(target=churn_forever, args=(fleet, args.churn, stopped), daemon=True).start()
