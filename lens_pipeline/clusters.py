@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -609,6 +609,40 @@ def kubeconfig_proxy_url(document: Any, context: str | None) -> str | None:
     )
     proxy = entry.get("proxy-url") if isinstance(entry, dict) else None
     return str(proxy) if proxy else None
+
+
+def shown_url(url: str) -> str:
+    """A URL as it may be shown: its user and password (a proxy's, a Prometheus') replaced, its
+    query left out."""
+    parts = urlsplit(url)
+    port = f":{parts.port}" if parts.port else ""
+    user = "<user>@" if parts.username or parts.password else ""
+    return urlunsplit((parts.scheme.lower(), f"{user}{parts.hostname}{port}", parts.path, "", ""))
+
+
+def describe_prometheus_http(http: PrometheusHttp) -> str:
+    """What `prometheus_http` sends and trusts, in words, naming files and header names only."""
+    said = []
+    if http.authorization is not None:
+        source = "inline" if http.authorization.credentials else f"from {http.authorization.credentials_file}"
+        said.append(f"Authorization {http.authorization.type} ({source})")
+    if http.basic_auth is not None:
+        password = (
+            f"password from {http.basic_auth.password_file}"
+            if http.basic_auth.password_file
+            else ("inline password" if http.basic_auth.password else "empty password")
+        )
+        said.append(f"basic auth as {http.basic_auth.username!r} ({password})")
+    tls = http.tls_config
+    if tls.insecure_skip_verify:
+        said.append("server certificate NOT verified")
+    elif tls.ca_file:
+        said.append(f"CA {tls.ca_file}")
+    if tls.cert_file:
+        said.append(f"client certificate {tls.cert_file}")
+    if http.http_headers:
+        said.append(f"headers {', '.join(sorted(http.http_headers))}")
+    return "; ".join(said) or "no credentials, the system's CAs"
 
 
 def read_kubeconfig_proxy_url(path: str, context: str | None) -> str | None:

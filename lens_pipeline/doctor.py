@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from lens_pipeline.clusters import ClusterConfig, Registry
+from lens_pipeline.clusters import (
+    ClusterConfig,
+    Registry,
+    describe_prometheus_http,
+    read_kubeconfig_proxy_url,
+    shown_url,
+)
 from lens_pipeline.collect.nodes import NodeIndex, has_gpus, node_profile, project_node, ready_status
 from lens_pipeline.collect.overview import juicefs_space_capacity
 from lens_pipeline.collect.problems import MalformedObject, object_name
@@ -67,6 +73,7 @@ def diagnose_cluster(cluster: ClusterConfig, timeout_seconds: float = 10.0) -> l
     cluster = cluster.model_copy(update={"request_timeout_seconds": timeout_seconds})
     findings: list[Finding] = []
     nodes: list[dict] = []
+    findings += _access(cluster)
     with KubeReader(cluster, max_retries=0) as reader:
         nodes = _kubernetes(cluster, reader, findings)
     if not cluster.prometheus_url:
@@ -88,6 +95,31 @@ def diagnose_cluster(cluster: ClusterConfig, timeout_seconds: float = 10.0) -> l
     finally:
         prom.close()
     return findings
+
+
+def _access(cluster: ClusterConfig) -> list[Finding]:
+    """How the API server and Prometheus are reached, as the registry and the kubeconfig say (a
+    proxy, credentials, CAs), so that a failure below reads against what was tried; no secret."""
+    try:
+        proxy = cluster.proxy_url or (
+            read_kubeconfig_proxy_url(cluster.kubeconfig, cluster.context) if cluster.kubeconfig else None
+        )
+    except ValueError as exc:
+        return [Finding(cluster.name, "kubernetes access", FAIL, str(exc))]
+    found = [
+        Finding(
+            cluster.name,
+            "kubernetes access",
+            OK,
+            f"through the proxy {shown_url(proxy)}" if proxy else "directly (no proxy-url)",
+        )
+    ]
+    if cluster.prometheus_url:
+        how = describe_prometheus_http(cluster.prometheus_http)
+        found.append(
+            Finding(cluster.name, "prometheus access", OK, f"{shown_url(cluster.prometheus_url)}: {how}")
+        )
+    return found
 
 
 def _kubernetes(cluster: ClusterConfig, reader: KubeReader, findings: list[Finding]) -> list[dict]:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from lens_pipeline.clusters import kubeconfig_proxy_url, load_registry, proxy_problem
+from lens_pipeline.doctor import diagnose_cluster
 from lens_pipeline.kube.reader import KubeError, KubeReader, api_client_for
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_registry
@@ -166,7 +167,11 @@ def test_socks5_from_the_kubeconfig_or_the_registry(tls_fleet, socks_proxy, tmp_
     document["clusters"][0]["proxy_url"] = f"socks5://lens:s0cks@127.0.0.1:{port}"
     registry.write_text(yaml.safe_dump(document))
     assert _nodes(registry) == nodes
-    assert "s0cks" not in repr(load_registry(registry).get(cluster.name))
+    config = load_registry(registry).get(cluster.name)
+    assert "s0cks" not in repr(config)
+    # `lens doctor` says which way it took, without the password.
+    access = {f.check: f.detail for f in diagnose_cluster(config)}
+    assert access["kubernetes access"] == f"through the proxy socks5://<user>@127.0.0.1:{port}"
 
 
 def test_the_proxy_of_the_context_in_use_and_bad_proxies_named_without_their_password(tmp_path):

@@ -327,8 +327,15 @@ def test_doctor_and_a_materialization_read_through_it(tls_fleet, registry, tmp_p
         {"authorization": {"credentials_file": "prom-token"}, "tls_config": {"ca_file": "sim-ca.crt"}},
     )
     config = load_registry(registry).get(cluster.name)
-    failures = [f for f in diagnose_cluster(config) if f.status == FAIL]
+    findings = diagnose_cluster(config)
+    failures = [f for f in findings if f.status == FAIL]
     assert not failures, failures
+    access = {f.check: f.detail for f in findings}
+    assert access["prometheus access"] == (
+        f"{config.prometheus_url}: Authorization Bearer (from {registry.parent / 'prom-token'}); "
+        f"CA {registry.parent / 'sim-ca.crt'}"
+    )
+    assert access["kubernetes access"] == "directly (no proxy-url)"
 
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [cluster.name])
