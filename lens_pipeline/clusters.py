@@ -615,9 +615,11 @@ def shown_url(url: str) -> str:
     """A URL as it may be shown: its user and password (a proxy's, a Prometheus') replaced, its
     query left out."""
     parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
     port = f":{parts.port}" if parts.port else ""
     user = "<user>@" if parts.username or parts.password else ""
-    return urlunsplit((parts.scheme.lower(), f"{user}{parts.hostname}{port}", parts.path, "", ""))
+    return urlunsplit((parts.scheme.lower(), f"{user}{host}{port}", parts.path, "", ""))
 
 
 def describe_prometheus_http(http: PrometheusHttp) -> str:

@@ -111,7 +111,9 @@ def _access(cluster: ClusterConfig) -> list[Finding]:
             cluster.name,
             "kubernetes access",
             OK,
-            f"through the proxy {shown_url(proxy)}" if proxy else "directly (no proxy-url)",
+            f"through the proxy {shown_url(proxy)}"
+            if proxy
+            else "no proxy-url (direct, or $HTTPS_PROXY when set)",
         )
     ]
     if cluster.prometheus_url:

@@ -335,7 +335,7 @@ def test_doctor_and_a_materialization_read_through_it(tls_fleet, registry, tmp_p
         f"{config.prometheus_url}: Authorization Bearer (from {registry.parent / 'prom-token'}); "
         f"CA {registry.parent / 'sim-ca.crt'}"
     )
-    assert access["kubernetes access"] == "directly (no proxy-url)"
+    assert access["kubernetes access"] == "no proxy-url (direct, or $HTTPS_PROXY when set)"
 
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [cluster.name])
