@@ -617,7 +617,10 @@ def shown_url(url: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or ""
     host = f"[{host}]" if ":" in host else host
-    port = f":{parts.port}" if parts.port else ""
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a port that is no number: said so, not shown
+        port = ":<bad port>"
     user = "<user>@" if parts.username or parts.password else ""
     return urlunsplit((parts.scheme.lower(), f"{user}{host}{port}", parts.path, "", ""))
 

@@ -137,6 +137,10 @@ def test_basic_auth_and_a_client_certificate(tls_fleet, registry, tmp_path):
     )
     with pytest.raises(PromError, match="401"):  # no client certificate
         _up(_reader(registry))
+    # A user without a password: an empty one, as Prometheus sends it.
+    cluster.require_prometheus_headers({"Authorization": [f"Basic {base64.b64encode(b'lens:').decode()}"]})
+    _with_http(registry, {"basic_auth": {"username": "lens"}, "tls_config": {"ca_file": "sim-ca.crt"}})
+    assert _up(_reader(registry)) > 0
 
 
 def test_bad_prometheus_http_entries_are_named_and_secrets_never_shown(tmp_path, tls_fleet):

@@ -396,7 +396,10 @@ class _RegistryAuthorization(requests.auth.AuthBase):
             secret = authorization.credentials or _secret(authorization.credentials_file, "credentials_file")
             request.headers["Authorization"] = f"{authorization.type} {secret}"
         elif basic is not None:
-            password = basic.password or _secret(basic.password_file, "password_file")
+            # No password at all: an empty one, as Prometheus sends.
+            password = (
+                _secret(basic.password_file, "password_file") if basic.password_file else basic.password or ""
+            )
             pair = base64.b64encode(f"{basic.username}:{password}".encode()).decode("ascii")
             request.headers["Authorization"] = f"Basic {pair}"
         return request
