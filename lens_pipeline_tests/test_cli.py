@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -202,8 +201,7 @@ def test_the_demo_and_the_simulator_say_they_are_not_in_the_production_image(mon
 def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path):
     """A shell starting a command in the background (`lens demo &`, nohup, CI scripts) hands it
     SIGINT ignored, and Python leaves it so: `kill -INT` (Ctrl-C) must still stop the demo and
-    everything it started, promptly (its children would otherwise inherit the ignored signal).
-    Started with `--tls`, its kubeconfigs serve kubectl, which sends its token only over TLS."""
+    everything it started, promptly (its children would otherwise inherit the ignored signal)."""
     import signal
     import threading
     import time
@@ -215,7 +213,7 @@ def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path
     lens = Path(sys.executable).with_name("lens")
     command = [str(lens), "demo", "--clusters", "1", "--nodes", "2", "--state-dir", str(tmp_path / "demo")]
     command += ["--port", str(free_port()), "--api-port", str(free_port()), "--ingest-port", str(free_port())]
-    command += ["--watch-port", str(free_port()), "--tls"]
+    command += ["--watch-port", str(free_port())]
     demo = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -241,16 +239,6 @@ def test_the_demo_stops_on_sigint_even_when_started_with_sigint_ignored(tmp_path
             time.sleep(1)
         else:
             raise AssertionError(f"the demo did not start everything: {''.join(lines)[-2000:]}")
-        kubeconfig = tmp_path / "demo" / "kubeconfigs" / "sim-amd-0.yaml"
-        assert any(f"kubectl --kubeconfig {kubeconfig} get pods -A" in line for line in lines), lines
-        if shutil.which("kubectl"):
-            done = subprocess.run(
-                ["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "name"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert done.returncode == 0 and len(done.stdout.split()) == 2 + 2, done.stderr
         started = time.monotonic()
         os.kill(demo.pid, signal.SIGINT)
         assert demo.wait(timeout=60) == 0, "".join(lines)[-2000:]
