@@ -650,6 +650,14 @@ def describe_prometheus_http(http: PrometheusHttp) -> str:
     return "; ".join(said) or "no credentials, the system's CAs"
 
 
+def api_server_proxy(cluster: ClusterConfig) -> str | None:
+    """The proxy to the cluster's API server: the entry's `proxy_url`, else its kubeconfig's
+    `proxy-url`; ValueError naming only the file when the kubeconfig cannot be read."""
+    if cluster.proxy_url:
+        return cluster.proxy_url
+    return read_kubeconfig_proxy_url(cluster.kubeconfig, cluster.context) if cluster.kubeconfig else None
+
+
 def read_kubeconfig_proxy_url(path: str, context: str | None) -> str | None:
     """`kubeconfig_proxy_url` of the file at `path`; ValueError naming only the file when it cannot
     be read (its text holds credentials)."""

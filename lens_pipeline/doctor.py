@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from lens_pipeline.clusters import (
     ClusterConfig,
     Registry,
+    api_server_proxy,
     describe_prometheus_http,
-    read_kubeconfig_proxy_url,
     shown_url,
 )
 from lens_pipeline.collect.nodes import NodeIndex, has_gpus, node_profile, project_node, ready_status
@@ -101,9 +101,7 @@ def _access(cluster: ClusterConfig) -> list[Finding]:
     """How the API server and Prometheus are reached, as the registry and the kubeconfig say (a
     proxy, credentials, CAs), so that a failure below reads against what was tried; no secret."""
     try:
-        proxy = cluster.proxy_url or (
-            read_kubeconfig_proxy_url(cluster.kubeconfig, cluster.context) if cluster.kubeconfig else None
-        )
+        proxy = api_server_proxy(cluster)
     except ValueError as exc:
         return [Finding(cluster.name, "kubernetes access", FAIL, str(exc))]
     found = [

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 import urllib3
 
-from lens_pipeline.clusters import ClusterConfig, proxy_problem, read_kubeconfig_proxy_url
+from lens_pipeline.clusters import ClusterConfig, api_server_proxy, proxy_problem
 from lens_pipeline.memory import paused_gc
 from lens_pipeline.retry import KUBE_REQUEST, KUBE_RETRIES
 
@@ -189,9 +189,7 @@ def api_client_for(cluster: ClusterConfig) -> k8s_client.ApiClient:
             configuration.cert_file = cluster.cert_file or _pem_file(cluster.cert_data)
             configuration.key_file = cluster.key_file or _pem_file(cluster.key_data)
             configuration.tls_server_name = cluster.tls_server_name
-        proxy = cluster.proxy_url or (
-            read_kubeconfig_proxy_url(cluster.kubeconfig, cluster.context) if cluster.kubeconfig else None
-        )
+        proxy = api_server_proxy(cluster)
         if proxy:
             # The entry's proxy, not the environment's: the client read HTTPS_PROXY and NO_PROXY.
             configuration.proxy = configuration.no_proxy = None
