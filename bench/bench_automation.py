@@ -11,9 +11,12 @@ what it asked are printed, then the median of the quiet ones (nothing to ask).
 
 `--condition on_cron` puts Dagster's `AutomationCondition.on_cron` back in place of our closed-hour
 condition (on the same one asset of the five), to compare (`missing_hour` is today's in both). `--backfill-days` (0 by default) is `$LENS_HISTORY_BACKFILL_DAYS`: with
-more, the first evaluation also asks for the missing days of every new cluster.
+more, the first evaluation also asks for the missing days of every new cluster. With
+`--collected-before` the clusters' collectors ran before the first evaluation, as in a fleet that
+has been running (without it every cluster is new, collected first at the tick, so its first
+collection also asks for its closed hour).
 
-    .venv/bin/python bench/bench_automation.py --clusters 100 [--condition on_cron]
+    .venv/bin/python bench/bench_automation.py --clusters 100 [--condition on_cron] [--collected-before]
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ def main() -> None:
     parser.add_argument("--after", type=int, default=4, help="quiet evaluations after the tick's")
     parser.add_argument("--condition", choices=("ours", "on_cron"), default="ours")
     parser.add_argument("--backfill-days", type=int, default=0)
+    parser.add_argument(
+        "--collected-before",
+        action="store_true",
+        help="the collectors materialized every cluster before the first evaluation (clusters that "
+        "were there all along; without it, every cluster is new and collected first at the tick)",
+    )
     args = parser.parse_args()
     # Read when the automation module is imported.
     os.environ["LENS_HISTORY_BACKFILL_DAYS"] = str(args.backfill_days)
@@ -81,14 +90,20 @@ def main() -> None:
     times: list[datetime | None] = [tick - timedelta(minutes=m) for m in (3, 2, 1)]
     times += [None] * (args.after + 1)  # now
     quiet: list[float] = []
+
+    def collect(instance, names: list[str]) -> None:
+        for name in names:
+            for upstream in UPSTREAM:
+                instance.report_runless_asset_event(AssetMaterialization(upstream, partition=name))
+
     with instance_for_test() as instance:
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, names)
+        if args.collected_before:
+            collect(instance, names)
         cursor = None
         for planned in times:
             if planned is None:
-                for name in names:
-                    for upstream in UPSTREAM:
-                        instance.report_runless_asset_event(AssetMaterialization(upstream, partition=name))
+                collect(instance, names)
             when = planned or datetime.now(UTC)
             began = time.perf_counter()
             result = evaluate_automation_conditions(

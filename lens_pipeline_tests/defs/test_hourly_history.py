@@ -382,6 +382,48 @@ def test_the_automation_asks_for_a_new_clusters_week_and_each_hour_at_five_past(
                 assert asked_now == {history_key(name, closed)}, (key, name)
 
 
+def test_a_cluster_added_after_five_past_gets_its_closed_hour_after_its_first_collection():
+    """Dagster's cron condition holds only for partitions that existed at the tick: a cluster added
+    at twenty past gets the hour that just closed once its first collection is done, not at the next
+    five past. A cluster whose collectors have run all along still waits for five past, also in the
+    minutes after the hour when its new hour's partition is there and missing."""
+    base = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=2)
+    closed = base - timedelta(hours=1)  # the hour that closes at `base`
+
+    def collected(name):
+        for upstream in UPSTREAM:
+            instance.report_runless_asset_event(AssetMaterialization(upstream, partition=name))
+
+    def asked_latest(result):
+        latest = {history_key(n, closed) for n in ("old", "late")}
+        return {key: set(result.get_requested_partitions(key)) & latest for key in KEYS}
+
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, ["old"])
+        collected("old")
+        result = _evaluate_history(instance, base - timedelta(minutes=10))
+        collected("old")  # the collectors run every minute
+        result = _evaluate_history(instance, base + timedelta(minutes=2), result.cursor)
+        assert asked_latest(result) == {key: set() for key in KEYS}, "before five past"
+        collected("old")
+        result = _evaluate_history(instance, base + timedelta(minutes=6), result.cursor)
+        assert asked_latest(result) == {key: {history_key("old", closed)} for key in KEYS}
+
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, ["late"])
+        collected("old")
+        result = _evaluate_history(instance, base + timedelta(minutes=20), result.cursor)
+        assert asked_latest(result) == {key: set() for key in KEYS}, "before its first collection"
+        assert history_key("late", closed - timedelta(hours=1)) in result.get_requested_partitions(KEYS[0])
+        collected("late")
+        collected("old")
+        result = _evaluate_history(instance, base + timedelta(minutes=21), result.cursor)
+        assert asked_latest(result) == {key: {history_key("late", closed)} for key in KEYS}
+        collected("late")
+        collected("old")
+        result = _evaluate_history(instance, base + timedelta(minutes=22), result.cursor)
+        assert asked_latest(result) == {key: set() for key in KEYS}, "asked once"
+
+
 def test_workload_statistics_read_the_whole_window_an_outage_left(tmp_path, monkeypatch):
     """The per-window statistics after two and a half hours without runs: each run reads an hour of
     what was missed, the next ones go on, and in the end every step of the outage is counted once."""

@@ -2,6 +2,8 @@
 
 - each hour once it has closed, at five past the next (Prometheus has scraped its last samples,
   the collectors have seen its pods end), after the cluster's collectors ran again;
+- a new cluster's last closed hour as soon as its first collection is done, not at the next five
+  past (Dagster's cron condition holds only for the partitions that existed at the tick);
 - every hour of the last `$LENS_HISTORY_BACKFILL_DAYS` days that is still missing: a new cluster's
   week, the hours an outage left out, an hour whose run failed (asked again once an hour, not at
   every tick, so a broken cluster does not fill the run queue).
@@ -40,6 +42,22 @@ closed_hour = (
         "the cluster's collectors ran since five past"
     )
 ).with_label("the hour that closed, at five past")
+# A cluster added after five past: its collectors' first materialization is what is new (for the
+# cluster's every other hour, their partitions were there before the hour closed). `newly_true`
+# keeps its own state over all the collectors' partitions, whatever the candidates, so an hour's
+# partition appearing at the top of the hour does not make every cluster's collectors "new"; the
+# condition's first evaluation (a new deployment) is left to five past.
+first_collection = (
+    AutomationCondition.any_deps_match((~AutomationCondition.missing()).newly_true())
+    & AutomationCondition.all_deps_match(~AutomationCondition.missing())
+).with_label("the cluster's first collection just finished")
+new_cluster_hour = (
+    AutomationCondition.in_latest_time_window()
+    & AutomationCondition.missing()
+    & ~AutomationCondition.in_progress()
+    & ~AutomationCondition.initial_evaluation()
+    & first_collection
+).with_label("a new cluster's closed hour, after its first collection")
 missing_hour = (
     # The window first: `missing` lists the partitions it is given, and the history's hours go back
     # further than the backfill's days.
@@ -51,4 +69,4 @@ missing_hour = (
     & (~AutomationCondition.execution_failed() | AutomationCondition.cron_tick_passed(RETRY_CRON))
 ).with_label("missing in the last days")
 
-HOURLY = (closed_hour | missing_hour).with_label("each closed hour, and the missing ones")
+HOURLY = (closed_hour | new_cluster_hour | missing_hour).with_label("each closed hour, and the missing ones")
