@@ -91,10 +91,25 @@ def diagnose_cluster(cluster: ClusterConfig, timeout_seconds: float = 10.0) -> l
     try:
         _prometheus(cluster, prom, nodes, findings)
     except PromError as exc:
-        findings.append(Finding(cluster.name, "prometheus", FAIL, str(exc)))
+        findings.append(
+            Finding(cluster.name, "prometheus", FAIL, str(exc) + _service_proxy_hint(cluster, exc))
+        )
     finally:
         prom.close()
     return findings
+
+
+def _service_proxy_hint(cluster: ClusterConfig, exc: PromError) -> str:
+    """What to change when the API server's service proxy could not pick the Service's port."""
+    if "no endpoints available for service" not in str(exc):
+        return ""
+    service = (cluster.prometheus_url or "").rstrip("/").removesuffix("/proxy").rpartition("/")[2]
+    if ":" in service.removeprefix("http:").removeprefix("https:"):
+        return ""  # a port was named: the Service has no ready endpoint (Prometheus is down)
+    return (
+        f" (the API server wants the Service's port named when it has a name: "
+        f"services/{service}:<port name or number>/proxy)"
+    )
 
 
 def _access(cluster: ClusterConfig) -> list[Finding]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from lens_pipeline.doctor import LISTED
 from lens_pipeline.kube.cache import WARM
 from lens_pipeline.sim.kinds import KINDS
+from lens_pipeline.sim.serviceproxy import NAMESPACE, SERVICE
 from lens_pipeline_tests.test_deploy import DEPLOY, rendered
 
 READ = {"get", "list", "watch"}
@@ -68,3 +69,28 @@ def test_the_juicefs_secret_is_one_named_secret_to_get():
         "kind": "Role",
         "name": role["metadata"]["name"],
     }
+
+
+def test_the_prometheus_proxy_overlay_adds_one_get_through_one_service():
+    """deploy/monitored-cluster-prometheus-proxy/: the same grants, and `get` on services/proxy of the
+    one Service in front of Prometheus (the verb and resource kube-apiserver authorizes a GET
+    through its service proxy with), bound to the same service account."""
+    base = rendered(DEPLOY / "monitored-cluster")
+    documents = rendered(DEPLOY / "monitored-cluster-prometheus-proxy")
+    added = [d for d in documents if d not in base]
+    assert sorted(d["kind"] for d in added) == ["Role", "RoleBinding"]
+    (role,) = [d for d in added if d["kind"] == "Role"]
+    (rule,) = role["rules"]
+    assert _granted([rule]) == {("", "services/proxy", "get")}
+    assert rule["resourceNames"] == [SERVICE] and role["metadata"]["namespace"] == NAMESPACE
+    (binding,) = [d for d in added if d["kind"] == "RoleBinding"]
+    (account,) = [d for d in base if d["kind"] == "ServiceAccount"]
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]

@@ -374,3 +374,71 @@ def test_the_simulators_tls_registry_reaches_its_prometheus(tls_fleet, tmp_path,
         monkeypatch.delenv(variable, raising=False)
     registry = load_registry(write_registry(tmp_path / "clusters.yaml", server))
     assert _up(PrometheusResource(timeout_seconds=10).reader(registry.get(registry.names[0]))) > 0
+
+
+def _through_api_server(registry: Path, cluster, server, service: str, http: dict) -> None:
+    """The entry's Prometheus is the API server's service proxy to it (the kube token in a file)."""
+    (registry.parent / "kube-token").write_text(cluster.token + "\n")
+    url = f"{server.base_url(cluster.name)}/api/v1/namespaces/monitoring/services/{service}/proxy"
+    edit_registry(
+        registry,
+        lambda document: document["clusters"][0].update(
+            prometheus_url=url,
+            prometheus_http={
+                "authorization": {"credentials_file": "kube-token"},
+                "tls_config": {"ca_file": "sim-ca.crt"},
+                **http,
+            },
+        ),
+    )
+
+
+def test_a_prometheus_reached_through_the_api_servers_service_proxy(tls_fleet, registry):
+    """A Prometheus with no address outside its cluster, reached as kubectl proxy reaches it: the
+    API server's service proxy, with a token the API server accepts (and `get` on services/proxy).
+    The API server keeps the Authorization header for itself; other headers reach Prometheus; a
+    Service port is named or numbered, as the API server wants it; its errors say what is wrong."""
+    cluster, server = tls_fleet
+    _through_api_server(registry, cluster, server, "prometheus-k8s:web", {})
+    assert _up(_reader(registry)) > 0
+    _through_api_server(registry, cluster, server, "prometheus-k8s:9090", {})
+    assert _up(_reader(registry)) > 0
+
+    cluster.require_prometheus_headers({"X-Scope-OrgID": [TENANT]})
+    tenant = {"http_headers": {"X-Scope-OrgID": {"values": [TENANT]}}}
+    _through_api_server(registry, cluster, server, "prometheus-k8s:web", tenant)
+    assert _up(_reader(registry)) > 0
+    # A Prometheus that wants a bearer token of its own is not reached this way: the API server
+    # removed it. What answered 401 is Prometheus' proxy, not the API server.
+    cluster.require_prometheus_headers({"Authorization": [f"Bearer {cluster.token}"]})
+    with pytest.raises(PromError, match="401"):
+        _up(_reader(registry))
+    cluster.require_prometheus_headers({})
+
+    for service, error in (
+        ("prometheus-k8s", r"503 .*no endpoints available for service \W+prometheus-k8s"),
+        ("prometheus-k8s:8080", "503 .*no service port 8080 found"),
+        ("prometheus:web", r"404 .*services \W+prometheus\W+ not found"),
+        ("https:prometheus-k8s:web", "error trying to reach service"),
+    ):
+        _through_api_server(registry, cluster, server, service, {})
+        with pytest.raises(PromError, match=error):
+            _up(_reader(registry))
+    # lens doctor says what to write instead of a bare Service name.
+    _through_api_server(registry, cluster, server, "prometheus-k8s", {})
+    failures = [
+        f.detail for f in diagnose_cluster(load_registry(registry).get(cluster.name)) if f.status == FAIL
+    ]
+    assert any("services/prometheus-k8s:<port name or number>/proxy" in f for f in failures), failures
+    _through_api_server(registry, cluster, server, "prometheus-k8s:web", {})
+    assert not [f for f in diagnose_cluster(load_registry(registry).get(cluster.name)) if f.status == FAIL]
+    (registry.parent / "kube-token").write_text("not-the-token\n")
+    with pytest.raises(PromError, match="401"):
+        _up(_reader(registry))
+    (registry.parent / "kube-token").write_text(cluster.token + "\n")
+    cluster.forbid("/api/v1/namespaces/monitoring/services")
+    try:
+        with pytest.raises(PromError, match=r"403 .*cannot get resource \W+services/proxy\W"):
+            _up(_reader(registry))
+    finally:
+        cluster.clear_faults()

@@ -97,6 +97,10 @@ class PromReader:
                 backoff_jitter=PROM_REQUEST.first * PROM_REQUEST.jitter,
                 status_forcelist=(429, 502, 503, 504),
                 allowed_methods=("GET", "POST"),
+                # The last answer is reported with its body once the retries are spent ("no
+                # endpoints available for service", from an API server's service proxy), not as
+                # "too many 503 error responses".
+                raise_on_status=False,
             )
             session = requests.Session()
             if self.http is not None:
@@ -421,7 +425,7 @@ def _secret(path: str | None, what: str) -> str:
 
 
 def _request_failure(exc: requests.RequestException) -> str:
-    """The root cause of a failed request ("too many 503 error responses", "Connection refused")."""
+    """The root cause of a failed request ("Connection refused", "CERTIFICATE_VERIFY_FAILED")."""
     cause: BaseException = exc
     for _ in range(5):
         inner = getattr(cause, "reason", None)

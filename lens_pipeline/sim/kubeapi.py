@@ -312,8 +312,9 @@ def client_user(cluster_name: str) -> str:
     return f"lens-reader:{cluster_name}"
 
 
-def handle_kube(cluster: SimCluster, req: SimRequest) -> SimResponse:
-    """Answer one request below the cluster's base URL that is not a simulator endpoint."""
+def refused(cluster: SimCluster, req: SimRequest) -> SimResponse | None:
+    """What the API server answers before any route: an injected fault, or 401 to a request that
+    carries neither the cluster's bearer token nor its reader's client certificate."""
     fault = cluster.fault("kube")
     if fault is not None:
         return status_response(fault, f"injected fault: the simulator answers every API call with {fault}")
@@ -322,7 +323,14 @@ def handle_kube(cluster: SimCluster, req: SimRequest) -> SimResponse:
     # Or a client certificate issued for this cluster's reader (`ServerCertificate.client_pair`).
     if not by_token and req.client_cn != client_user(cluster.name):
         return status_response(401, "Unauthorized")
+    return None
 
+
+def handle_kube(cluster: SimCluster, req: SimRequest) -> SimResponse:
+    """Answer one request below the cluster's base URL that is not a simulator endpoint."""
+    denied = refused(cluster, req)
+    if denied is not None:
+        return denied
     path = req.path.rstrip("/") or "/"
     discovery = _discovery(cluster, path)
     route = parse_route(path) if discovery is None else None

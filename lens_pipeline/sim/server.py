@@ -22,6 +22,7 @@ from lens_pipeline.sim.fleet import CONTROL_ACTIONS, SimCluster, SimFleet
 from lens_pipeline.sim.kubeapi import handle_kube, status_response
 from lens_pipeline.sim.promapi import exposition, handle_prometheus
 from lens_pipeline.sim.registry import write_registry
+from lens_pipeline.sim.serviceproxy import handle_service_proxy, service_proxy_route
 from lens_pipeline.sim.streams import WatchStreams
 from lens_pipeline.sim.tls import ServerCertificate, make_certificate
 from lens_pipeline.sim.truth import cluster_truth
@@ -175,7 +176,11 @@ class _Handler(BaseHTTPRequestHandler):
                 response = SimResponse(401, b"Unauthorized\n", "text/plain; charset=utf-8")
         else:
             self._apply_faults(cluster, "kube", req, query)
-            response = handle_kube(cluster, req)
+            proxied = service_proxy_route(req.path)
+            if proxied is not None:
+                response = handle_service_proxy(cluster, req, proxied)
+            else:
+                response = handle_kube(cluster, req)
         cluster.request_log.record(self.command, req.path, query, response.status)
         return response
 

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 from kubernetes import client
 
 from lens_pipeline.sim import SimFleet, SimServer, write_registry
+from lens_pipeline.sim.serviceproxy import PROXY_PATH
 from lens_pipeline_tests.conftest import skip_unless
 from lens_pipeline_tests.sim.support import COLLECTIONS, api_client, http, key_of, list_raw, owner_walk
 
@@ -483,3 +485,26 @@ def test_kubectl_api_resources(served, tmp_path) -> None:
     assert rows["pytorchjobs"][-3:] == ["kubeflow.org/v1", "true", "PyTorchJob"]
     assert rows["workloads"][-3:] == ["amd.com/v1", "false", "Workload"]
     assert rows["deployments"][1:] == ["deploy", "apps/v1", "true", "Deployment"]
+
+
+def test_kubectl_reaches_prometheus_through_the_service_proxy(served, tmp_path) -> None:
+    """kubectl, a client of its own, holds the simulator's service proxy to the API server's: the
+    Service's port by name answers what Prometheus answers; without the port, the API server's
+    Status."""
+    _, server, registry = served
+    query = "/api/v1/query?query=count(up)"
+    # `--raw` takes the path from the server's root: the simulator serves each cluster below its own.
+    proxy = f"/clusters/{NAME}{PROXY_PATH}"
+    through = json.loads(_kubectl(served, tmp_path, "get", "--raw", proxy + query))
+    direct = requests.get(
+        server.prometheus_url(NAME) + query, verify=registry.parent / "sim-ca.crt", timeout=30
+    )
+    assert through["status"] == "success" and through["data"]["result"]
+    assert through["data"]["result"][0]["value"][1] == direct.json()["data"]["result"][0]["value"][1]
+    bare = proxy.replace(":web/proxy", "/proxy")
+    done = subprocess.run(
+        [KUBECTL, "--cache-dir", str(tmp_path / "kube-cache"), "get", "--raw", bare + query],
+        env={**os.environ, "KUBECONFIG": str(registry.parent / "kubeconfigs" / f"{NAME}.yaml")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0 and "no endpoints available" in done.stderr, done.stderr
