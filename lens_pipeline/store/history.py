@@ -4,7 +4,13 @@ What goes, when older than the cutoff:
 - snapshots superseded by a newer one of the same object (`pod_snapshot`, `gpu_workload_snapshot`).
   An object's newest snapshot always stays: the collectors compare resourceVersions with it to
   write a snapshot only on change, and without it they would write the object again;
-- `node_device_changelog` rows (an audit log: nothing is computed from old entries).
+- `node_device_changelog` rows (an audit log: nothing is computed from old entries);
+- `gpu_pods_event` rows of pods that are gone (`gpu_pods.deleted`, or no row left): a live pod's
+  events stay whatever their age, since its conditions are still True and the collector would write
+  them again with their old times.
+
+And, by a cutoff of their own (`prune_hourly`), the hourly history's rows of hours before it: the
+five tables of `hourly_history`, by their hour.
 
 Deleted in batches of ids, each batch its own transaction, so a first pruning of months of history
 neither holds locks for long nor builds one huge transaction; a batch is chosen with a plain
@@ -19,7 +25,14 @@ from datetime import datetime
 from sqlalchemy import Engine, Select, Table, delete, exists, select
 
 from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.schema import gpu_workload_snapshot, node_device_changelog, pod_snapshot
+from lens_pipeline.store.hourly import HOURLY_TABLES
+from lens_pipeline.store.schema import (
+    gpu_pods,
+    gpu_pods_event,
+    gpu_workload_snapshot,
+    node_device_changelog,
+    pod_snapshot,
+)
 
 BATCH = 5000
 # Snapshot tables and the column naming the object a snapshot is of.
@@ -45,7 +58,28 @@ def prune_history(engine: Engine, older_than: datetime, *, batch: int = BATCH) -
         select(node_device_changelog.c.id).where(node_device_changelog.c.created_at < older_than),
         batch,
     )
+    live_pod = exists().where(
+        gpu_pods.c.cluster_name == gpu_pods_event.c.cluster_name,
+        gpu_pods.c.uid == gpu_pods_event.c.pod_uuid,
+        gpu_pods.c.deleted.isnot(True),
+    )
+    deleted[gpu_pods_event.name] = _delete_in_batches(
+        engine,
+        gpu_pods_event,
+        select(gpu_pods_event.c.id).where(gpu_pods_event.c.created_at < older_than, ~live_pod),
+        batch,
+    )
     return deleted
+
+
+def prune_hourly(engine: Engine, before: datetime, *, batch: int = BATCH) -> dict[str, int]:
+    """Delete the hourly history's rows of the hours before `before`; rows deleted per table."""
+    return {
+        table.name: _delete_in_batches(
+            engine, table, select(table.c.id).where(table.c[column] < before), batch
+        )
+        for table, column in HOURLY_TABLES.values()
+    }
 
 
 def _delete_in_batches(engine: Engine, table: Table, ids: Select, batch: int) -> int:

@@ -16,9 +16,21 @@ from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.store.db import get_engine, write_transaction
-from lens_pipeline.store.history import prune_history
+from lens_pipeline.store.history import prune_history, prune_hourly
+from lens_pipeline.store.hourly import HOURLY_TABLES
 from lens_pipeline.store.migrate import ensure_schema
-from lens_pipeline.store.schema import gpu_workload_snapshot, node_device_changelog, pod_snapshot
+from lens_pipeline.store.schema import (
+    cluster_gpu_hourly_stats,
+    gpu_allocation_snapshots,
+    gpu_pods,
+    gpu_pods_event,
+    gpu_workload_snapshot,
+    label_gpu_hourly_stats,
+    namespace_gpu_hourly_stats,
+    node_device_changelog,
+    pod_snapshot,
+    workload_gpu_hourly_stats,
+)
 from lens_pipeline.store.upsert import bulk_upsert
 from lens_pipeline_tests.defs.support import materialize_cluster
 
@@ -89,6 +101,31 @@ def _store(url: str) -> None:
         bulk_upsert(conn, pod_snapshot, pods)
         bulk_upsert(conn, gpu_workload_snapshot, [_workload("w", 1, OLD), _workload("w", 2, OLD)])
         bulk_upsert(conn, node_device_changelog, [_change("g0", OLD), _change("g1", RECENT)])
+        # Pods: "live" still runs, "gone" was deleted, "forgotten" has no row any more.
+        bulk_upsert(
+            conn,
+            gpu_pods,
+            [
+                {"cluster_name": "c1", "uid": "live", "deleted": False},
+                {"cluster_name": "c1", "uid": "ended", "deleted": None},
+                {"cluster_name": "c1", "uid": "gone", "deleted": True},
+            ],
+        )
+        bulk_upsert(
+            conn,
+            gpu_pods_event,
+            [
+                {"cluster_name": "c1", "pod_uuid": uid, "event_type": "Ready", "created_at": at}
+                for uid in ("live", "ended", "gone", "forgotten")
+                for at in (OLD, RECENT)
+            ],
+        )
+
+
+def _events(url: str) -> set[tuple]:
+    with get_engine(url).connect() as conn:
+        rows = conn.execute(select(gpu_pods_event.c.pod_uuid, gpu_pods_event.c.created_at)).all()
+    return {(uid, at.replace(tzinfo=UTC) if at.tzinfo is None else at) for uid, at in rows}
 
 
 def _snapshots(url: str) -> set[tuple]:
@@ -103,7 +140,12 @@ def _snapshots(url: str) -> set[tuple]:
 def test_superseded_snapshots_and_old_changelog_rows_go(lens_url):
     _store(lens_url)
     deleted = prune_history(get_engine(lens_url), CUTOFF, batch=2)  # several batches
-    assert deleted == {"pod_snapshot": 3, "gpu_workload_snapshot": 1, "node_device_changelog": 1}
+    assert deleted == {
+        "pod_snapshot": 3,
+        "gpu_workload_snapshot": 1,
+        "node_device_changelog": 1,
+        "gpu_pods_event": 2,
+    }
     assert _snapshots(lens_url) == {
         ("c1", "a", 3),
         ("c1", "b", 7),
@@ -115,6 +157,13 @@ def test_superseded_snapshots_and_old_changelog_rows_go(lens_url):
     with get_engine(lens_url).connect() as conn:
         assert conn.execute(select(gpu_workload_snapshot.c.resource_version)).scalars().all() == [2]
         assert conn.execute(select(node_device_changelog.c.device_name)).scalars().all() == ["g1"]
+    # A live pod's events stay whatever their age (its conditions are still True): only those of pods
+    # deleted, or no longer known, go.
+    assert _events(lens_url) == {
+        ("live", OLD),
+        ("ended", OLD),
+        *((uid, RECENT) for uid in ("live", "ended", "gone", "forgotten")),
+    }
     # Nothing left to prune: a second pass deletes nothing.
     assert set(prune_history(get_engine(lens_url), CUTOFF).values()) == {0}
 
@@ -125,7 +174,7 @@ def test_the_nightly_job_prunes_through_dagster(sqlite_url):
         resources={"lens_db": LensDatabase(url=sqlite_url)},
         run_config={"ops": {"delete_old_history": {"config": {"keep_days": 30}}}},
     )
-    assert result.success and result.output_for_node("delete_old_history") == 5
+    assert result.success and result.output_for_node("delete_old_history") == 7
     (materialized,) = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT"]
     metadata = {k: v.value for k, v in materialized.event_specific_data.metadata.items()}
     assert metadata["deleted_pod_snapshot"] == 3 and metadata["deleted_node_device_changelog"] == 1
@@ -164,3 +213,88 @@ def test_after_pruning_a_collector_run_without_change_writes_no_snapshot(tmp_pat
         again = collect()
     assert again["gpu_pods"]["pod_snapshots_written"] == 0
     assert again["gpu_workloads"]["workload_snapshots_written"] == 0
+
+
+def _hourly_rows(hour: datetime) -> dict:
+    common = {"cluster_name": "c1", "allocated_gpu_count": 1.0, "sample_count": 1}
+    stamps = {"created_at": hour, "updated_at": hour}
+    return {
+        cluster_gpu_hourly_stats: {**common, **stamps, "stat_hour": hour},
+        namespace_gpu_hourly_stats: {
+            **common,
+            **stamps,
+            "stat_hour": hour,
+            "namespace": "ns",
+            "active_workload_count": 1.0,
+        },
+        label_gpu_hourly_stats: {
+            **common,
+            **stamps,
+            "stat_hour": hour,
+            "dimension_type": "label",
+            "dimension_key": "team",
+            "dimension_value": "a",
+            "active_workload_count": 1.0,
+        },
+        workload_gpu_hourly_stats: {
+            **common,
+            **stamps,
+            "stat_hour": hour,
+            "workload_uid": "w",
+            "namespace": "ns",
+            "workload_name": "w",
+            "workload_type": "Deployment",
+            "requested_gpu_count": 1.0,
+            "avg_replica_count": 1.0,
+            "max_replica_count": 1,
+            "min_replica_count": 1,
+            "labels": {},
+            "annotations": {},
+            "total_sum": 1.0,
+            "allocated_gpu_seconds": 3600.0,
+            "idle_gpu_seconds": 0.0,
+        },
+        gpu_allocation_snapshots: {
+            "cluster_name": "c1",
+            "snapshot_time": hour + timedelta(minutes=55),
+            "dimension_type": "cluster",
+            "total_gpu_capacity": 8,
+            "allocated_gpu_count": 1,
+            "allocation_details": {},
+            "created_at": hour,
+        },
+    }
+
+
+def test_hours_before_the_cutoff_go_from_every_hourly_table(lens_url):
+    """The hourly history by its own cutoff: every table's rows of the hours before it (an hour's
+    allocation snapshots by their time), the cutoff's hour and later stay."""
+    engine = get_engine(lens_url)
+    ensure_schema(engine, "lens")
+    cutoff = NOW - timedelta(days=400)
+    hours = [cutoff - timedelta(hours=2), cutoff - timedelta(hours=1), cutoff, cutoff + timedelta(hours=1)]
+    with write_transaction(engine) as conn:
+        for hour in hours:
+            for table, row in _hourly_rows(hour).items():
+                bulk_upsert(conn, table, [row])
+    deleted = prune_hourly(engine, cutoff, batch=1)
+    assert deleted == {table.name: 2 for table, _ in HOURLY_TABLES.values()}
+    with engine.connect() as conn:
+        for table, column in HOURLY_TABLES.values():
+            kept = sorted(at.replace(tzinfo=UTC) for at in conn.execute(select(table.c[column])).scalars())
+            offset = timedelta(minutes=55) if table is gpu_allocation_snapshots else timedelta()
+            assert kept == [cutoff + offset, cutoff + timedelta(hours=1) + offset], table.name
+    assert set(prune_hourly(engine, cutoff).values()) == {0}
+
+
+def test_the_hourly_history_is_never_pruned_inside_its_partitions(sqlite_url):
+    """`hourly_keep_days` under `$LENS_HISTORY_DAYS` is refused: hours Dagster shows materialized
+    would lose their rows."""
+    result = prune_lens_history.execute_in_process(
+        resources={"lens_db": LensDatabase(url=sqlite_url)},
+        run_config={"ops": {"delete_old_history": {"config": {"hourly_keep_days": 2}}}},
+        raise_on_error=False,
+    )
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "LENS_HISTORY_DAYS" in str(failure.event_specific_data.error)

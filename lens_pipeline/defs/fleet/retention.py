@@ -1,8 +1,9 @@
 """Retention: a month of one-minute runs per cluster must not grow the Dagster instance nor the Lens
 database without bound. `dagster.yaml`'s `retention` purges schedule and sensor ticks; finished runs
 of this code location (and their event logs) older than `keep_hours` are deleted here every hour,
-and the Lens history nothing needs any more (superseded snapshots, the device changelog) every night
-after `keep_days`. See docs/OPERATIONS.md for the growth.
+and the Lens history nothing needs any more (superseded snapshots, the device changelog, the events
+of pods that are gone) every night after `keep_days`, with the hourly history's hours after
+`hourly_keep_days`. See docs/OPERATIONS.md for the growth.
 
 In a Dagster shared with other code locations, only our runs go: those tagged with
 `lens/code-location` (every run of our jobs and sensors), and those Dagster tagged with this code
@@ -24,8 +25,9 @@ from dagster import (
     job,
     op,
 )
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from lens_pipeline import settings
 from lens_pipeline.defs.partitions import FINISHED_STATUSES
 from lens_pipeline.defs.resources import LensDatabase
 from lens_pipeline.defs.run_tags import (
@@ -34,7 +36,10 @@ from lens_pipeline.defs.run_tags import (
     DAGSTER_CODE_LOCATION_TAG,
     RETENTION_RUN_TAGS,
 )
-from lens_pipeline.store.history import prune_history
+from lens_pipeline.store.history import prune_history, prune_hourly
+
+# Thirteen months of hours: a year back and the month before it.
+DEFAULT_HOURLY_KEEP_DAYS = 400.0
 
 
 class RetentionConfig(Config):
@@ -92,23 +97,46 @@ prune_every_hour = ScheduleDefinition(
 
 class HistoryRetentionConfig(Config):
     keep_days: float = Field(default=30.0, ge=0, description="history younger than this stays")
+    hourly_keep_days: float = Field(
+        default=DEFAULT_HOURLY_KEEP_DAYS,
+        description="hours of the hourly history younger than this stay (at least $LENS_HISTORY_DAYS: "
+        "an hour Dagster shows materialized keeps its rows)",
+    )
+
+    @field_validator("hourly_keep_days")
+    @classmethod
+    def _not_inside_the_partitions(cls, value: float) -> float:
+        if value < settings.history_days():
+            raise ValueError(
+                f"hourly_keep_days {value} is under the {settings.history_days()} days of hours the "
+                "hourly history's partitions hold ($LENS_HISTORY_DAYS): hours Dagster shows "
+                "materialized would lose their rows"
+            )
+        return value
 
 
 @op(
     description="Delete the Lens history older than `keep_days` that nothing needs: snapshots superseded "
-    "by a newer one of the same pod or workload (the newest always stays) and device changelog rows."
+    "by a newer one of the same pod or workload (the newest always stays), device changelog rows and "
+    "the events of pods that are gone; and the hourly history's hours older than `hourly_keep_days`."
 )
 def delete_old_history(
     context: OpExecutionContext, config: HistoryRetentionConfig, lens_db: LensDatabase
 ) -> Output[int]:
-    before = datetime.now(UTC) - timedelta(days=config.keep_days)
+    now = datetime.now(UTC)
+    before = now - timedelta(days=config.keep_days)
+    hours_before = (now - timedelta(days=config.hourly_keep_days)).replace(minute=0, second=0, microsecond=0)
     deleted = prune_history(lens_db.engine(), before)
-    context.log.info(f"deleted {deleted} (rows older than {before.isoformat()})")
+    deleted.update(prune_hourly(lens_db.engine(), hours_before))
+    context.log.info(
+        f"deleted {deleted} (rows older than {before.isoformat()}; hours before {hours_before.isoformat()})"
+    )
     return Output(
         sum(deleted.values()),
         metadata={
             **{f"deleted_{table}": n for table, n in deleted.items()},
             "older_than": before.isoformat(),
+            "hours_before": hours_before.isoformat(),
         },
     )
 
@@ -126,7 +154,8 @@ prune_every_night = ScheduleDefinition(
     job=prune_lens_history,
     cron_schedule="43 3 * * *",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="Keeps the Lens database's history tables to the last 30 days (the newest snapshots stay).",
+    description="Keeps the Lens database's history tables to the last 30 days (the newest snapshots and "
+    "the events of live pods stay), and the hourly history to the last 400.",
 )
 
 defs = Definitions(
