@@ -10,7 +10,8 @@ cheaper than the daemon's). Each evaluation's wall time (the daemon runs it on o
 what it asked are printed, then the median of the quiet ones (nothing to ask).
 
 `--condition on_cron` puts Dagster's `AutomationCondition.on_cron` back in place of our closed-hour
-condition (on the same one asset of the five), to compare (`missing_hour` is today's in both). `--backfill-days` (0 by default) is `$LENS_HISTORY_BACKFILL_DAYS`: with
+condition (on the same one asset of the five), to compare (`missing_hour` and `new_cluster_hour`
+are today's in both). `--backfill-days` (0 by default) is `$LENS_HISTORY_BACKFILL_DAYS`: with
 more, the first evaluation also asks for the missing days of every new cluster. With
 `--collected-before` the clusters' collectors ran before the first evaluation, as in a fleet that
 has been running (without it every cluster is new, collected first at the tick, so its first
@@ -57,12 +58,12 @@ def main() -> None:
     from lens_pipeline import settings
     from lens_pipeline.definitions import defs
     from lens_pipeline.defs.history.assets import AUTOMATED, KEYS, UPSTREAM
-    from lens_pipeline.defs.history.automation import CLOSED_HOUR_CRON, missing_hour
+    from lens_pipeline.defs.history.automation import CLOSED_HOUR_CRON, missing_hour, new_cluster_hour
     from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 
     assets = list(defs.resolve_asset_graph().assets_defs)
     if args.condition == "on_cron":
-        baseline = AutomationCondition.on_cron(CLOSED_HOUR_CRON) | missing_hour
+        baseline = AutomationCondition.on_cron(CLOSED_HOUR_CRON) | new_cluster_hour | missing_hour
         assets = [
             a.map_asset_specs(
                 lambda spec: spec.replace_attributes(

@@ -402,6 +402,8 @@ def test_a_cluster_added_after_five_past_gets_its_closed_hour_after_its_first_co
         instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, ["old"])
         collected("old")
         result = _evaluate_history(instance, base - timedelta(minutes=10))
+        # The sensor's first evaluation: its state is empty, yet nobody's collectors are "new".
+        assert history_key("old", closed - timedelta(hours=1)) not in result.get_requested_partitions(KEYS[0])
         collected("old")  # the collectors run every minute
         result = _evaluate_history(instance, base + timedelta(minutes=2), result.cursor)
         assert asked_latest(result) == {key: set() for key in KEYS}, "before five past"
@@ -414,14 +416,30 @@ def test_a_cluster_added_after_five_past_gets_its_closed_hour_after_its_first_co
         result = _evaluate_history(instance, base + timedelta(minutes=20), result.cursor)
         assert asked_latest(result) == {key: set() for key in KEYS}, "before its first collection"
         assert history_key("late", closed - timedelta(hours=1)) in result.get_requested_partitions(KEYS[0])
-        collected("late")
-        collected("old")
+        # Its first collection: one collector's materialization lands before an evaluation, the
+        # other's after it; the hour is asked once both are there.
+        instance.report_runless_asset_event(AssetMaterialization(UPSTREAM[0], partition="late"))
         result = _evaluate_history(instance, base + timedelta(minutes=21), result.cursor)
+        assert asked_latest(result) == {key: set() for key in KEYS}, "half collected"
+        instance.report_runless_asset_event(AssetMaterialization(UPSTREAM[1], partition="late"))
+        collected("old")
+        result = _evaluate_history(instance, base + timedelta(minutes=22), result.cursor)
         assert asked_latest(result) == {key: {history_key("late", closed)} for key in KEYS}
         collected("late")
         collected("old")
-        result = _evaluate_history(instance, base + timedelta(minutes=22), result.cursor)
+        result = _evaluate_history(instance, base + timedelta(minutes=23), result.cursor)
         assert asked_latest(result) == {key: set() for key in KEYS}, "asked once"
+
+        # A cluster whose closed hour is already there (computed by hand) is not asked for it.
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, ["done"])
+        result = _evaluate_history(instance, base + timedelta(minutes=24), result.cursor)
+        for key in KEYS:
+            instance.report_runless_asset_event(
+                AssetMaterialization(key, partition=history_key("done", closed))
+            )
+        collected("done")
+        result = _evaluate_history(instance, base + timedelta(minutes=25), result.cursor)
+        assert history_key("done", closed) not in result.get_requested_partitions(KEYS[0])
 
 
 def test_workload_statistics_read_the_whole_window_an_outage_left(tmp_path, monkeypatch):

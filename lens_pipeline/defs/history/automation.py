@@ -22,8 +22,8 @@ from lens_pipeline import settings
 CLOSED_HOUR_CRON = "5 * * * *"
 RETRY_CRON = "35 * * * *"
 
-# Means what `AutomationCondition.on_cron` means (the automation test holds it to that, and
-# Dagster's on_cron passes the same test), at a fraction of the cost. In on_cron the collectors'
+# Means what `AutomationCondition.on_cron` means (the automation tests hold it to that: the hour
+# at five past once the collectors ran since), at a fraction of the cost. In on_cron the collectors'
 # "updated since the tick" is a `since`, which is evaluated over the whole collector and not cut to
 # the candidates: every cluster whose collectors ran is mapped onto all of its hours (days x 24
 # partitions), at every evaluation, even when no hour waits. Here the same `since` sits under an
@@ -45,8 +45,11 @@ closed_hour = (
 # A cluster added after five past: its collectors' first materialization is what is new (for the
 # cluster's every other hour, their partitions were there before the hour closed). `newly_true`
 # keeps its own state over all the collectors' partitions, whatever the candidates, so an hour's
-# partition appearing at the top of the hour does not make every cluster's collectors "new"; the
-# condition's first evaluation (a new deployment) is left to five past.
+# partition appearing at the top of the hour does not make every cluster's collectors "new". That
+# state starts empty where it has none: the sensor's very first evaluation is left to five past
+# (`initial_evaluation`), but an upgrade to this condition on a running sensor, a cluster removed and
+# added again, or a collector wiped, make the clusters concerned "new" once (their closed hour is
+# asked then, and once more at five past when that falls between the hour and five past).
 first_collection = (
     AutomationCondition.any_deps_match((~AutomationCondition.missing()).newly_true())
     & AutomationCondition.all_deps_match(~AutomationCondition.missing())
