@@ -9,6 +9,7 @@ collectors use. Nothing is written anywhere.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -101,14 +102,16 @@ def diagnose_cluster(cluster: ClusterConfig, timeout_seconds: float = 10.0) -> l
 
 def _service_proxy_hint(cluster: ClusterConfig, exc: PromError) -> str:
     """What to change when the API server's service proxy could not pick the Service's port."""
-    if "no endpoints available for service" not in str(exc):
+    found = re.search(r"/services/([^/]+)/proxy(?:/|$)", cluster.prometheus_url or "")
+    if found is None or "no endpoints available for service" not in str(exc):
         return ""
-    service = (cluster.prometheus_url or "").rstrip("/").removesuffix("/proxy").rpartition("/")[2]
-    if ":" in service.removeprefix("http:").removeprefix("https:"):
-        return ""  # a port was named: the Service has no ready endpoint (Prometheus is down)
+    segment = found[1]
+    port = segment.rpartition(":")[2] if ":" in segment else ""  # `[scheme:]name[:port]`
+    if port:  # the Service has no port of that name, or no ready endpoint
+        return f" (is {port!r} the name of one of the Service's ports, and is Prometheus up?)"
     return (
         f" (the API server wants the Service's port named when it has a name: "
-        f"services/{service}:<port name or number>/proxy)"
+        f"services/{segment.rstrip(':')}:<port name or number>/proxy)"
     )
 
 

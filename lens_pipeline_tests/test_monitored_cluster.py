@@ -8,7 +8,7 @@ from __future__ import annotations
 from lens_pipeline.doctor import LISTED
 from lens_pipeline.kube.cache import WARM
 from lens_pipeline.sim.kinds import KINDS
-from lens_pipeline.sim.serviceproxy import NAMESPACE, SERVICE
+from lens_pipeline.sim.serviceproxy import NAMESPACE, PROXY_PATH
 from lens_pipeline_tests.test_deploy import DEPLOY, rendered
 
 READ = {"get", "list", "watch"}
@@ -82,7 +82,9 @@ def test_the_prometheus_proxy_overlay_adds_one_get_through_one_service():
     (role,) = [d for d in added if d["kind"] == "Role"]
     (rule,) = role["rules"]
     assert _granted([rule]) == {("", "services/proxy", "get")}
-    assert rule["resourceNames"] == [SERVICE] and role["metadata"]["namespace"] == NAMESPACE
+    # RBAC matches the URL's segment as written, port included: the one the registry's URL names.
+    segment = PROXY_PATH.split("/services/")[1].removesuffix("/proxy")
+    assert rule["resourceNames"] == [segment] and role["metadata"]["namespace"] == NAMESPACE
     (binding,) = [d for d in added if d["kind"] == "RoleBinding"]
     (account,) = [d for d in base if d["kind"] == "ServiceAccount"]
     assert binding["metadata"]["namespace"] == NAMESPACE

@@ -417,8 +417,10 @@ def test_a_prometheus_reached_through_the_api_servers_service_proxy(tls_fleet, r
 
     for service, error in (
         ("prometheus-k8s", r"503 .*no endpoints available for service \W+prometheus-k8s"),
-        ("prometheus-k8s:8080", "503 .*no service port 8080 found"),
-        ("prometheus:web", r"404 .*services \W+prometheus\W+ not found"),
+        ("prometheus-k8s:webx", r"503 .*no endpoints available for service \W+prometheus-k8s:webx"),
+        ("prometheus-k8s:9999", "503 .*no service port 9999 found"),
+        ("prometheus:9090", r"404 .*services \W+prometheus\W+ not found"),
+        ("prometheus:web", r"404 .*endpoints \W+prometheus\W+ not found"),
         ("https:prometheus-k8s:web", "error trying to reach service"),
     ):
         _through_api_server(registry, cluster, server, service, {})
@@ -430,6 +432,11 @@ def test_a_prometheus_reached_through_the_api_servers_service_proxy(tls_fleet, r
         f.detail for f in diagnose_cluster(load_registry(registry).get(cluster.name)) if f.status == FAIL
     ]
     assert any("services/prometheus-k8s:<port name or number>/proxy" in f for f in failures), failures
+    _through_api_server(registry, cluster, server, "prometheus-k8s:webx", {})
+    failures = [
+        f.detail for f in diagnose_cluster(load_registry(registry).get(cluster.name)) if f.status == FAIL
+    ]
+    assert any("is 'webx' the name of one of the Service's ports" in f for f in failures), failures
     _through_api_server(registry, cluster, server, "prometheus-k8s:web", {})
     assert not [f for f in diagnose_cluster(load_registry(registry).get(cluster.name)) if f.status == FAIL]
     (registry.parent / "kube-token").write_text("not-the-token\n")
@@ -438,7 +445,10 @@ def test_a_prometheus_reached_through_the_api_servers_service_proxy(tls_fleet, r
     (registry.parent / "kube-token").write_text(cluster.token + "\n")
     cluster.forbid("/api/v1/namespaces/monitoring/services")
     try:
-        with pytest.raises(PromError, match=r"403 .*cannot get resource \W+services/proxy\W"):
+        with pytest.raises(
+            PromError,
+            match=r"403 .*services \W+prometheus-k8s:web\W+ is forbidden: .*cannot get resource \W+services/proxy\W",
+        ):
             _up(_reader(registry))
     finally:
         cluster.clear_faults()

@@ -7,8 +7,10 @@ call (the `get` verb on `services/proxy`); the Authorization header is then remo
 authentication filter deletes it once it has done its work) and every other header goes on; the
 Service's port is picked by name, or by number and then its name, so a Service whose port is named
 (kube-prometheus' `prometheus-k8s` names it `web`) is not reached by its name alone: that answers
-503 "no endpoints available". Prometheus' own answers, errors and 401s of what stands in front of it
-come back as they are; a Prometheus that cannot be reached is a 503 of the API server."""
+503 "no endpoints available". By a port number the Service is looked up (404 `services`), by a name
+its Endpoints (404 `endpoints`). Only the `web` port is simulated (kube-prometheus' Service also has
+`reloader-web`, 8080). Prometheus' own answers, errors and 401s of what stands in front of it come
+back as they are; a Prometheus that cannot be reached is a 503 of the API server."""
 
 from __future__ import annotations
 
@@ -52,26 +54,35 @@ def handle_service_proxy(cluster: SimCluster, req: SimRequest, route: re.Match[s
     denied = refused(cluster, req)
     if denied is not None:
         return denied
-    namespace = route["namespace"]
-    split = _scheme_name_port(route["service"])
-    if split is None:
-        return status_response(400, f"invalid service request {route['service']!r}")
-    scheme, name, port = split
+    namespace, segment = route["namespace"], route["service"]
+    # RBAC names the object by the path's segment as it is ("prometheus-k8s:web"): a Role's
+    # resourceNames must hold that text.
     if cluster.forbidden(req.path):
         return status_response(
             403,
-            f'services "{name}" is forbidden: User "system:serviceaccount:lens:lens-collector" cannot get '
+            f'services "{segment}" is forbidden: User "system:serviceaccount:lens:lens-collector" cannot get '
             f'resource "services/proxy" in API group "" in the namespace "{namespace}"',
-            details={"name": name, "kind": "services"},
+            details={"name": segment, "kind": "services"},
         )
-    if (namespace, name) != (NAMESPACE, SERVICE):
+    split = _scheme_name_port(segment)
+    if split is None:
+        return status_response(400, f'invalid service request "{segment}"')
+    scheme, name, port = split
+    ours = (namespace, name) == (NAMESPACE, SERVICE)
+    if port.isdigit():  # a port number: the Service says which of its ports it is
+        if not ours:
+            return status_response(
+                404, f'services "{name}" not found', details={"name": name, "kind": "services"}
+            )
+        if int(port) != PORT:
+            return status_response(503, f'no service port {int(port)} found for service "{name}"')
+        port = PORT_NAME
+    if not ours:  # by name: the Service's endpoints are looked up
         return status_response(
-            404, f'services "{name}" not found', details={"name": name, "kind": "services"}
+            404, f'endpoints "{name}" not found', details={"name": name, "kind": "endpoints"}
         )
-    if port.isdigit() and int(port) != PORT:
-        return status_response(503, f'no service port {int(port)} found for service "{name}"')
-    if port not in (PORT_NAME, str(PORT)):
-        return status_response(503, f'no endpoints available for service "{name}"')
+    if port != PORT_NAME:
+        return status_response(503, f'no endpoints available for service "{segment}"')
     faults = cluster.faults("prometheus")
     if faults.connection is not None:
         return status_response(503, "error trying to reach service: EOF")

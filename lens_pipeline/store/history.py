@@ -5,9 +5,9 @@ What goes, when older than the cutoff:
   An object's newest snapshot always stays: the collectors compare resourceVersions with it to
   write a snapshot only on change, and without it they would write the object again;
 - `node_device_changelog` rows (an audit log: nothing is computed from old entries);
-- `gpu_pods_event` rows of pods that are gone (`gpu_pods.deleted`, or no row left): a live pod's
-  events stay whatever their age, since its conditions are still True and the collector would write
-  them again with their old times.
+- `gpu_pods_event` rows of pods that are gone (`gpu_pods.deleted` and their GPUs let go before the
+  cutoff, or no row left): a live pod's events stay whatever their age, since its conditions are
+  still True and the collector would write them again with their old times.
 
 And, by a cutoff of their own (`prune_hourly`), the hourly history's rows of hours before it: the
 five tables of `hourly_history`, by their hour.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Engine, Select, Table, delete, exists, select
+from sqlalchemy import Engine, Select, Table, delete, exists, or_, select
 
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.hourly import HOURLY_TABLES
@@ -31,6 +31,7 @@ from lens_pipeline.store.schema import (
     gpu_pods_event,
     gpu_workload_snapshot,
     node_device_changelog,
+    pod_resource,
     pod_snapshot,
 )
 
@@ -58,35 +59,54 @@ def prune_history(engine: Engine, older_than: datetime, *, batch: int = BATCH) -
         select(node_device_changelog.c.id).where(node_device_changelog.c.created_at < older_than),
         batch,
     )
-    live_pod = exists().where(
+    # A pod is gone when it is marked deleted and its GPUs were let go before the cutoff (a pod
+    # stuck Terminating is marked deleted too, but still holds them: its events stay), or when the
+    # Lens tables no longer know it.
+    ended_before = exists().where(
+        pod_resource.c.cluster_name == gpu_pods.c.cluster_name,
+        pod_resource.c.uid == gpu_pods.c.uid,
+        pod_resource.c.end_at < older_than,
+    )
+    known_live = exists().where(
         gpu_pods.c.cluster_name == gpu_pods_event.c.cluster_name,
         gpu_pods.c.uid == gpu_pods_event.c.pod_uuid,
-        gpu_pods.c.deleted.isnot(True),
+        or_(gpu_pods.c.deleted.isnot(True), ~ended_before),
     )
     deleted[gpu_pods_event.name] = _delete_in_batches(
         engine,
         gpu_pods_event,
-        select(gpu_pods_event.c.id).where(gpu_pods_event.c.created_at < older_than, ~live_pod),
+        select(gpu_pods_event.c.id).where(gpu_pods_event.c.created_at < older_than, ~known_live),
         batch,
     )
     return deleted
 
 
 def prune_hourly(engine: Engine, before: datetime, *, batch: int = BATCH) -> dict[str, int]:
-    """Delete the hourly history's rows of the hours before `before`; rows deleted per table."""
-    return {
-        table.name: _delete_in_batches(
-            engine, table, select(table.c.id).where(table.c[column] < before), batch
+    """Delete the hourly history's rows of the hours before `before`; rows deleted per table. One
+    cluster at a time, so that each batch is found through the (cluster, hour) index (MariaDB
+    otherwise walks the primary key of the whole table for each batch)."""
+    deleted: dict[str, int] = {}
+    for table, column in HOURLY_TABLES.values():
+        with engine.connect() as conn:
+            clusters = list(conn.execute(select(table.c.cluster_name).distinct()).scalars())
+        deleted[table.name] = sum(
+            _delete_in_batches(
+                engine,
+                table,
+                select(table.c.id).where(table.c.cluster_name == cluster, table.c[column] < before),
+                batch,
+                ordered=False,
+            )
+            for cluster in clusters
         )
-        for table, column in HOURLY_TABLES.values()
-    }
+    return deleted
 
 
-def _delete_in_batches(engine: Engine, table: Table, ids: Select, batch: int) -> int:
+def _delete_in_batches(engine: Engine, table: Table, ids: Select, batch: int, *, ordered: bool = True) -> int:
     total = 0
     while True:
         with write_transaction(engine) as conn:
-            chosen = list(conn.execute(ids.order_by(table.c.id).limit(batch)).scalars())
+            chosen = list(conn.execute((ids.order_by(table.c.id) if ordered else ids).limit(batch)).scalars())
             if chosen:
                 conn.execute(delete(table).where(table.c.id.in_(chosen)))
         total += len(chosen)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from dagster import instance_for_test
 from sqlalchemy import select
 
-from lens_pipeline.defs.fleet.retention import prune_lens_history
+from lens_pipeline.defs.fleet.retention import HistoryRetentionConfig, prune_lens_history
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.defs.resources import ClusterRegistryResource, LensDatabase
 from lens_pipeline.sim.fleet import SimFleet
@@ -28,6 +29,7 @@ from lens_pipeline.store.schema import (
     label_gpu_hourly_stats,
     namespace_gpu_hourly_stats,
     node_device_changelog,
+    pod_resource,
     pod_snapshot,
     workload_gpu_hourly_stats,
 )
@@ -101,22 +103,25 @@ def _store(url: str) -> None:
         bulk_upsert(conn, pod_snapshot, pods)
         bulk_upsert(conn, gpu_workload_snapshot, [_workload("w", 1, OLD), _workload("w", 2, OLD)])
         bulk_upsert(conn, node_device_changelog, [_change("g0", OLD), _change("g1", RECENT)])
-        # Pods: "live" still runs, "gone" was deleted, "forgotten" has no row any more.
+        # Pods: "live" still runs; "ended" ended but is still there; "gone" was deleted and let its
+        # GPUs go long ago, "lately" lately; "terminating" is marked deleted but holds its GPUs
+        # still (stuck Terminating); "forgotten" has no row any more.
+        deleted = {"live": False, "ended": False, "gone": True, "lately": True, "terminating": True}
+        ends = {"live": None, "ended": OLD, "gone": OLD, "lately": RECENT, "terminating": None}
+        bulk_upsert(
+            conn, gpu_pods, [{"cluster_name": "c1", "uid": uid, "deleted": d} for uid, d in deleted.items()]
+        )
         bulk_upsert(
             conn,
-            gpu_pods,
-            [
-                {"cluster_name": "c1", "uid": "live", "deleted": False},
-                {"cluster_name": "c1", "uid": "ended", "deleted": None},
-                {"cluster_name": "c1", "uid": "gone", "deleted": True},
-            ],
+            pod_resource,
+            [{"cluster_name": "c1", "uid": uid, "end_at": end} for uid, end in ends.items()],
         )
         bulk_upsert(
             conn,
             gpu_pods_event,
             [
                 {"cluster_name": "c1", "pod_uuid": uid, "event_type": "Ready", "created_at": at}
-                for uid in ("live", "ended", "gone", "forgotten")
+                for uid in (*deleted, "forgotten")
                 for at in (OLD, RECENT)
             ],
         )
@@ -160,9 +165,8 @@ def test_superseded_snapshots_and_old_changelog_rows_go(lens_url):
     # A live pod's events stay whatever their age (its conditions are still True): only those of pods
     # deleted, or no longer known, go.
     assert _events(lens_url) == {
-        ("live", OLD),
-        ("ended", OLD),
-        *((uid, RECENT) for uid in ("live", "ended", "gone", "forgotten")),
+        *((uid, OLD) for uid in ("live", "ended", "lately", "terminating")),
+        *((uid, RECENT) for uid in ("live", "ended", "gone", "lately", "terminating", "forgotten")),
     }
     # Nothing left to prune: a second pass deletes nothing.
     assert set(prune_history(get_engine(lens_url), CUTOFF).values()) == {0}
@@ -174,7 +178,7 @@ def test_the_nightly_job_prunes_through_dagster(sqlite_url):
         resources={"lens_db": LensDatabase(url=sqlite_url)},
         run_config={"ops": {"delete_old_history": {"config": {"keep_days": 30}}}},
     )
-    assert result.success and result.output_for_node("delete_old_history") == 7
+    assert result.success and result.output_for_node("delete_old_history") == 7  # 3 + 1 + 1 + 2 events
     (materialized,) = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT"]
     metadata = {k: v.value for k, v in materialized.event_specific_data.metadata.items()}
     assert metadata["deleted_pod_snapshot"] == 3 and metadata["deleted_node_device_changelog"] == 1
@@ -274,16 +278,24 @@ def test_hours_before_the_cutoff_go_from_every_hourly_table(lens_url):
     cutoff = NOW - timedelta(days=400)
     hours = [cutoff - timedelta(hours=2), cutoff - timedelta(hours=1), cutoff, cutoff + timedelta(hours=1)]
     with write_transaction(engine) as conn:
-        for hour in hours:
-            for table, row in _hourly_rows(hour).items():
-                bulk_upsert(conn, table, [row])
+        for cluster in ("c1", "c2"):
+            for hour in hours:
+                for table, row in _hourly_rows(hour).items():
+                    bulk_upsert(conn, table, [{**row, "cluster_name": cluster}])
     deleted = prune_hourly(engine, cutoff, batch=1)
-    assert deleted == {table.name: 2 for table, _ in HOURLY_TABLES.values()}
+    assert deleted == {table.name: 4 for table, _ in HOURLY_TABLES.values()}
     with engine.connect() as conn:
         for table, column in HOURLY_TABLES.values():
-            kept = sorted(at.replace(tzinfo=UTC) for at in conn.execute(select(table.c[column])).scalars())
+            kept = sorted(
+                (cluster, at.replace(tzinfo=UTC))
+                for cluster, at in conn.execute(select(table.c.cluster_name, table.c[column])).all()
+            )
             offset = timedelta(minutes=55) if table is gpu_allocation_snapshots else timedelta()
-            assert kept == [cutoff + offset, cutoff + timedelta(hours=1) + offset], table.name
+            assert kept == [
+                (cluster, at + offset)
+                for cluster in ("c1", "c2")
+                for at in (cutoff, cutoff + timedelta(hours=1))
+            ], table.name
     assert set(prune_hourly(engine, cutoff).values()) == {0}
 
 
@@ -298,3 +310,15 @@ def test_the_hourly_history_is_never_pruned_inside_its_partitions(sqlite_url):
     assert not result.success
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "LENS_HISTORY_DAYS" in str(failure.event_specific_data.error)
+
+
+def test_the_default_hourly_retention_is_never_shorter_than_the_partitions(monkeypatch):
+    """Without a run config (the nightly schedule's), 400 days, or `$LENS_HISTORY_DAYS` when longer;
+    a value asked for under it, or one that is no number of days, is refused."""
+    assert HistoryRetentionConfig().hourly_days() == 400
+    monkeypatch.setenv("LENS_HISTORY_DAYS", "500")
+    assert HistoryRetentionConfig().hourly_days() == 500
+    assert HistoryRetentionConfig(hourly_keep_days=600).hourly_days() == 600
+    for refused in (450, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="LENS_HISTORY_DAYS"):
+            HistoryRetentionConfig(hourly_keep_days=refused)

@@ -40,6 +40,8 @@ from lens_pipeline.store.history import prune_history, prune_hourly
 
 # Thirteen months of hours: a year back and the month before it.
 DEFAULT_HOURLY_KEEP_DAYS = 400.0
+# A longer time than a date can go back (`timedelta` of infinite days does not exist).
+MAX_KEEP_DAYS = 100 * 365.0
 
 
 class RetentionConfig(Config):
@@ -97,22 +99,28 @@ prune_every_hour = ScheduleDefinition(
 
 class HistoryRetentionConfig(Config):
     keep_days: float = Field(default=30.0, ge=0, description="history younger than this stays")
-    hourly_keep_days: float = Field(
-        default=DEFAULT_HOURLY_KEEP_DAYS,
-        description="hours of the hourly history younger than this stay (at least $LENS_HISTORY_DAYS: "
-        "an hour Dagster shows materialized keeps its rows)",
+    hourly_keep_days: float | None = Field(
+        default=None,
+        description=f"hours of the hourly history younger than this stay (default {DEFAULT_HOURLY_KEEP_DAYS:.0f} "
+        "days, or $LENS_HISTORY_DAYS when that is longer; never under it: an hour Dagster shows "
+        "materialized keeps its rows)",
     )
 
     @field_validator("hourly_keep_days")
     @classmethod
-    def _not_inside_the_partitions(cls, value: float) -> float:
-        if value < settings.history_days():
+    def _not_inside_the_partitions(cls, value: float | None) -> float | None:
+        if value is not None and not (settings.history_days() <= value < MAX_KEEP_DAYS):  # NaN too
             raise ValueError(
-                f"hourly_keep_days {value} is under the {settings.history_days()} days of hours the "
-                "hourly history's partitions hold ($LENS_HISTORY_DAYS): hours Dagster shows "
-                "materialized would lose their rows"
+                f"hourly_keep_days {value} is not between the {settings.history_days()} days of hours "
+                "the hourly history's partitions hold ($LENS_HISTORY_DAYS: hours Dagster shows "
+                f"materialized would lose their rows) and {MAX_KEEP_DAYS:.0f}"
             )
         return value
+
+    def hourly_days(self) -> float:
+        if self.hourly_keep_days is not None:
+            return self.hourly_keep_days
+        return max(DEFAULT_HOURLY_KEEP_DAYS, float(settings.history_days()))
 
 
 @op(
@@ -125,7 +133,7 @@ def delete_old_history(
 ) -> Output[int]:
     now = datetime.now(UTC)
     before = now - timedelta(days=config.keep_days)
-    hours_before = (now - timedelta(days=config.hourly_keep_days)).replace(minute=0, second=0, microsecond=0)
+    hours_before = (now - timedelta(days=config.hourly_days())).replace(minute=0, second=0, microsecond=0)
     deleted = prune_history(lens_db.engine(), before)
     deleted.update(prune_hourly(lens_db.engine(), hours_before))
     context.log.info(
@@ -142,7 +150,8 @@ def delete_old_history(
 
 
 @job(
-    description="Lens history retention: superseded snapshots and old changelog rows go after keep_days.",
+    description="Lens history retention: superseded snapshots, old changelog rows and the events of gone "
+    "pods go after keep_days, the hourly history's hours after hourly_keep_days.",
     tags=RETENTION_RUN_TAGS,
 )
 def prune_lens_history() -> None:
