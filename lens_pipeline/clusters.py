@@ -187,6 +187,14 @@ class PrometheusHttp(_Strict):
     basic_auth: PromBasicAuth | None = None
     tls_config: PromTLS = Field(default_factory=PromTLS)
     http_headers: dict[str, PromHeader] = Field(default_factory=dict)
+    # Every request to this Prometheus through this proxy (http, https, socks5, socks5h; a user and
+    # password in the URL are the proxy's); the environment's HTTPS_PROXY then plays no part.
+    proxy_url: str | None = Field(default=None, repr=False)
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy(cls, url: str | None) -> str | None:
+        return valid_proxy(url)
 
     @model_validator(mode="after")
     def _one_authorization(self) -> PrometheusHttp:
@@ -251,9 +259,7 @@ class ClusterConfig(BaseModel):
     @field_validator("proxy_url")
     @classmethod
     def _proxy(cls, url: str | None) -> str | None:
-        if url is not None and (why := proxy_problem(url)) is not None:
-            raise ValueError(why)
-        return url
+        return valid_proxy(url)
 
     @field_validator("prometheus_url")
     @classmethod
@@ -585,6 +591,13 @@ def proxy_problem(url: str) -> str | None:
     return None
 
 
+def valid_proxy(url: str | None) -> str | None:
+    """`url` when it is a proxy a client can go through (or None); ValueError saying why not."""
+    if url is not None and (why := proxy_problem(url)) is not None:
+        raise ValueError(why)
+    return url
+
+
 def kubeconfig_proxy_url(document: Any, context: str | None) -> str | None:
     """The `proxy-url` of a parsed kubeconfig's cluster for `context` (else its current context):
     the proxy kubectl takes to that API server, which the Python client's loader does not read."""
@@ -647,6 +660,8 @@ def describe_prometheus_http(http: PrometheusHttp) -> str:
         said.append(f"client certificate {tls.cert_file}")
     if http.http_headers:
         said.append(f"headers {', '.join(sorted(http.http_headers))}")
+    if http.proxy_url:
+        said.append(f"through the proxy {shown_url(http.proxy_url)}")
     return "; ".join(said) or "no credentials, the system's CAs"
 
 

@@ -8,14 +8,20 @@ a missing service cannot pass unnoticed.
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from lens_pipeline.store.db import dispose_engines
+from lens_pipeline_tests.ports import free_port
 
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 DIALECT_ENV = {"postgresql": "LENS_TEST_POSTGRES_URL", "mysql": "LENS_TEST_MYSQL_URL"}
@@ -102,3 +108,64 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"\nCI: {len(_skipped_on_ci)} tests were skipped, which CI does not allow: {_skipped_on_ci[:10]}"
         )
         session.exitstatus = 1
+
+
+# -- proxies in front of the simulator (Debian's tinyproxy and microsocks) ----------------------
+
+
+def _installed(tool: str) -> None:
+    skip_unless(bool(shutil.which(tool)), f"Debian's {tool} is not installed (apt-get install {tool})")
+
+
+def _serving(process: subprocess.Popen, port: int, log: Path) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        assert process.poll() is None, log.read_text()
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def http_proxy(tmp_path) -> Iterator[tuple[str, Path]]:
+    """tinyproxy on a free port, with a user and password: (its URL with them, its log, where each
+    CONNECT is written)."""
+    _installed("tinyproxy")
+    port = free_port()
+    config = tmp_path / "tinyproxy.conf"
+    config.write_text(
+        f"Port {port}\nListen 127.0.0.1\nTimeout 60\nLogLevel Connect\nAllow 127.0.0.1\nBasicAuth lens pr0xy\n"
+    )
+    log = tmp_path / "tinyproxy.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["tinyproxy", "-d", "-c", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        _serving(process, port, log)
+        yield f"http://lens:pr0xy@127.0.0.1:{port}", log
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture
+def socks_proxy(tmp_path) -> Iterator[tuple[int, Path]]:
+    """microsocks on a free port, with a user and password: (its port, its log)."""
+    _installed("microsocks")
+    port = free_port()
+    log = tmp_path / "microsocks.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["microsocks", "-i", "127.0.0.1", "-p", str(port), "-u", "lens", "-P", "s0cks"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _serving(process, port, log)
+        yield port, log
+    finally:
+        process.terminate()
+        process.wait(10)

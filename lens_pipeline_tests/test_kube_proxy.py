@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +18,7 @@ from lens_pipeline.kube.reader import KubeError, KubeReader, api_client_for
 from lens_pipeline.sim.fleet import SimFleet
 from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
-from lens_pipeline_tests.conftest import skip_unless
 from lens_pipeline_tests.ports import free_port
-
-
-def _installed(tool: str) -> None:
-    skip_unless(bool(shutil.which(tool)), f"Debian's {tool} is not installed (apt-get install {tool})")
 
 
 @pytest.fixture(scope="module")
@@ -33,62 +26,6 @@ def tls_fleet():
     fleet = SimFleet.generate(clusters=1, nodes=3, seed=12, vendor="amd")
     with SimServer(fleet, tls=True) as server:
         yield fleet.clusters[0], server
-
-
-def _serving(process: subprocess.Popen, port: int, log: Path) -> None:
-    import socket
-
-    deadline = time.monotonic() + 10
-    while True:
-        assert process.poll() is None, log.read_text()
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def http_proxy(tmp_path) -> Iterator[tuple[str, Path]]:
-    """tinyproxy on a free port, with a user and password: (its URL with them, its log, where each
-    CONNECT is written)."""
-    _installed("tinyproxy")
-    port = free_port()
-    config = tmp_path / "tinyproxy.conf"
-    config.write_text(
-        f"Port {port}\nListen 127.0.0.1\nTimeout 60\nLogLevel Connect\nAllow 127.0.0.1\nBasicAuth lens pr0xy\n"
-    )
-    log = tmp_path / "tinyproxy.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            ["tinyproxy", "-d", "-c", str(config)], stdout=out, stderr=subprocess.STDOUT
-        )
-    try:
-        _serving(process, port, log)
-        yield f"http://lens:pr0xy@127.0.0.1:{port}", log
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-@pytest.fixture
-def socks_proxy(tmp_path) -> Iterator[tuple[int, Path]]:
-    """microsocks on a free port, with a user and password: (its port, its log)."""
-    _installed("microsocks")
-    port = free_port()
-    log = tmp_path / "microsocks.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            ["microsocks", "-i", "127.0.0.1", "-p", str(port), "-u", "lens", "-P", "s0cks"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        _serving(process, port, log)
-        yield port, log
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def _with_proxy_url(registry: Path, proxy: str | None) -> Path:

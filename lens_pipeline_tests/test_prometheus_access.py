@@ -28,6 +28,7 @@ from lens_pipeline.sim.registry import write_registry
 from lens_pipeline.sim.server import SimServer
 from lens_pipeline.sim.tls import make_certificate
 from lens_pipeline_tests.defs.support import edit_registry, materialize_cluster
+from lens_pipeline_tests.ports import free_port
 
 TOKEN, TENANT = "prom-token-1", "east"
 
@@ -452,3 +453,44 @@ def test_a_prometheus_reached_through_the_api_servers_service_proxy(tls_fleet, r
             _up(_reader(registry))
     finally:
         cluster.clear_faults()
+
+
+def test_a_prometheus_reached_through_a_proxy(tls_fleet, registry, http_proxy, socks_proxy, monkeypatch):
+    """`prometheus_http.proxy_url` (Prometheus' own http_config key): every query through tinyproxy
+    with its user and password, or through microsocks (names resolved by the proxy, socks5h); the
+    environment's proxy does not take its place; a wrong password fails without being shown."""
+    cluster, server = tls_fleet
+    proxy, log = http_proxy
+    port, _socks_log = socks_proxy
+    ca = {"tls_config": {"ca_file": "sim-ca.crt"}}
+    _with_http(registry, {**ca, "proxy_url": proxy})
+    findings = {f.check: f for f in diagnose_cluster(load_registry(registry).get(cluster.name))}
+    assert not [f for f in findings.values() if f.status == FAIL], findings
+    assert findings["prometheus access"].detail.endswith(
+        f"through the proxy http://<user>@127.0.0.1:{proxy.rsplit(':', 1)[1]}"
+    )
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    assert _up(_reader(registry)) > 0
+    assert f"CONNECT 127.0.0.1:{server.port}" in log.read_text()
+
+    _with_http(registry, {**ca, "proxy_url": f"socks5://lens:s0cks@127.0.0.1:{port}"})
+    reader = _reader(registry)
+    assert reader.client._session.proxies["https"] == f"socks5h://lens:s0cks@127.0.0.1:{port}"
+    assert _up(reader) > 0
+    _with_http(registry, {**ca, "proxy_url": f"socks5://lens:hunter2@127.0.0.1:{port}"})
+    with pytest.raises(PromError) as refused:
+        _up(_reader(registry))
+    assert "hunter2" not in str(refused.value)
+    # Without a proxy of its own, the environment's applies, as before (here: nobody listens).
+    _with_http(registry, ca)
+    with pytest.raises(PromError, match=r"(?i)proxy"):
+        _up(_reader(registry))
+
+
+def test_a_proxy_url_that_cannot_work_refuses_the_entry_without_its_password(tls_fleet, tmp_path):
+    _cluster, server = tls_fleet
+    path = write_registry(tmp_path / "clusters.yaml", server)
+    _with_http(path, {"proxy_url": "socks4://u:hunter2@proxy:1080"})
+    loaded = load_registry(path)
+    (error,) = loaded.errors
+    assert "prometheus_http" in str(error) and "scheme" in str(error) and "hunter2" not in str(error)

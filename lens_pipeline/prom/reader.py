@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -384,6 +385,12 @@ def configure_session(session: requests.Session, http: PrometheusHttp) -> None:
     session.headers.update({name: ", ".join(header.values) for name, header in http.http_headers.items()})
     if http.authorization is not None or http.basic_auth is not None:
         session.auth = _RegistryAuthorization(http)
+    if http.proxy_url:
+        # A SOCKS proxy resolves the names (socks5h), as Go's dialer, hence Prometheus, has it.
+        proxy = re.sub(r"^socks5://", "socks5h://", http.proxy_url, flags=re.IGNORECASE)
+        session.proxies = {"http": proxy, "https": proxy}
+        # requests lets the environment's proxies win over a session's: not this one's.
+        session.trust_env = False
 
 
 class _RegistryAuthorization(requests.auth.AuthBase):
