@@ -481,6 +481,10 @@ def test_a_prometheus_reached_through_a_proxy(tls_fleet, registry, http_proxy, s
     with pytest.raises(PromError) as refused:
         _up(_reader(registry))
     assert "hunter2" not in str(refused.value)
+    # The environment's CA bundle still stands in for the system's CAs (here: the simulator's).
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(registry.parent / "sim-ca.crt"))
+    _with_http(registry, {"proxy_url": proxy})
+    assert _up(_reader(registry)) > 0
     # Without a proxy of its own, the environment's applies, as before (here: nobody listens).
     _with_http(registry, ca)
     with pytest.raises(PromError, match=r"(?i)proxy"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import math
+import os
 import re
 import threading
 import time
@@ -389,8 +390,12 @@ def configure_session(session: requests.Session, http: PrometheusHttp) -> None:
         # A SOCKS proxy resolves the names (socks5h), as Go's dialer, hence Prometheus, has it.
         proxy = re.sub(r"^socks5://", "socks5h://", http.proxy_url, flags=re.IGNORECASE)
         session.proxies = {"http": proxy, "https": proxy}
-        # requests lets the environment's proxies win over a session's: not this one's.
+        # requests lets the environment's proxies win over a session's: not this one's. Its CA
+        # bundle ($REQUESTS_CA_BUNDLE, which requests reads only while it trusts the environment)
+        # still stands in for the system's CAs.
         session.trust_env = False
+        if session.verify is True:
+            session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
 
 
 class _RegistryAuthorization(requests.auth.AuthBase):
