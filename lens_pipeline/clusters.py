@@ -307,6 +307,13 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self.clusters)
 
+    def listed(self) -> set[str] | None:
+        """Every cluster the registry lists, those whose entry is in error too; None when the
+        registry itself could not be read (it then says nothing about which clusters left)."""
+        if any(e.cluster is None and e.field in ("path", "document") for e in self.errors):
+            return None
+        return set(self.clusters) | {e.cluster for e in self.errors if e.cluster}
+
     def get(self, name: str) -> ClusterConfig:
         if name in self.clusters:
             return self.clusters[name]

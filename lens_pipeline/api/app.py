@@ -143,7 +143,6 @@ def create_app(
         registry=metrics,
         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5),
     )
-    metrics.register(_FleetCollector(engine))
     app.add_middleware(QueryGuard)
     _offline_docs(app)
 
@@ -172,6 +171,7 @@ def create_app(
         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
     )
     prometheus = ClusterPrometheus(registry, prometheus_errors, prometheus_latency)
+    metrics.register(_FleetCollector(engine, prometheus.registered))
     ctx = Routes(engine, authorize, resolve, overview, prometheus)
     _error_handlers(app, errors)
     _cluster_routes(app, ctx, metrics)
@@ -502,19 +502,37 @@ class _Instrumented:
 
 class _FleetCollector:
     """The allocation rate and consumer gauges, read from the database at every scrape: a consumer
-    that ended has no row, so it has no series (the original's gauges never forgot one)."""
+    that ended has no row, so it has no series (the original's gauges never forgot one). A cluster
+    the registry no longer lists keeps its rows but has no gauge (its collection stopped on
+    purpose: no staleness alert for it, no frozen allocation rate); `lens_clusters_unregistered`
+    counts them. Without a registry, or when it cannot be read, every cluster is exported."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, registered: Callable[[], set[str] | None] = lambda: None) -> None:
         self.engine = engine
+        self.registered = registered
 
     def collect(self) -> Any:
         read = queries.metrics_rows(self.engine)
-        rates, consumers, quarantined, freshness = (
-            read.rates,
-            read.consumers,
-            read.quarantined,
-            read.freshness,
+        listed = self.registered()
+        in_db = {row["cluster_name"] for row in (*read.rates, *read.freshness)}
+        unregistered = GaugeMetricFamily(
+            "lens_clusters_unregistered",
+            "Clusters with rows in the Lens database that the registry no longer lists: their gauges "
+            "are not exported (their rows stay)",
         )
+        unregistered.add_metric([], float(len(in_db - listed)) if listed is not None else 0.0)
+        yield unregistered
+
+        def ours(rows: list[Any]) -> list[Any]:
+            return rows if listed is None else [row for row in rows if row["cluster_name"] in listed]
+
+        rates, consumers, quarantined, freshness = (
+            ours(read.rates),
+            ours(read.consumers),
+            read.quarantined,  # a counter, alerted on its increase: kept for the record
+            ours(read.freshness),
+        )
+        backlog = read.backlog if listed is None else [b for b in read.backlog if b.cluster in listed]
         collected = GaugeMetricFamily(
             "lens_cluster_last_collected_timestamp_seconds",
             "When each asset of each cluster was last materialized (unix seconds): alert on time() minus this",
@@ -531,7 +549,7 @@ class _FleetCollector:
         for row in quarantined:
             letters.add_metric([row["cluster_name"], row["stage"]], float(row["events"]))
         yield letters
-        yield from _ingest_lag(read.backlog)
+        yield from _ingest_lag(backlog)
         rate = GaugeMetricFamily(
             "gpu_allocation_rate", "Allocated GPUs of healthy GPU nodes, percent (0-100)", labels=["cluster"]
         )

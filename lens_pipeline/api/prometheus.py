@@ -74,6 +74,11 @@ class ClusterPrometheus:
                 self._registry, self._loaded_at = self._load(), time.monotonic()
             return self._registry
 
+    def registered(self) -> set[str] | None:
+        """The clusters the registry lists now; None without a registry, or when it cannot be read."""
+        registry = self._registry_now()
+        return registry.listed() if registry is not None else None
+
     def vendor(self, cluster: str) -> str | None:
         """The vendor the registry names for the cluster; None when it says `auto` or nothing."""
         registry = self._registry_now()

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, delete
 
 from lens_pipeline.api.app import create_app
+from lens_pipeline.clusters import load_registry
 from lens_pipeline.collect.overview import api_overview
 from lens_pipeline.defs.partitions import CLUSTER_PARTITIONS_NAME
 from lens_pipeline.sim.fleet import SimFleet
@@ -380,6 +381,44 @@ def test_consumers_and_metrics_have_no_series_for_ended_consumers(served):
     finally:
         with write_transaction(engine) as conn:
             conn.execute(gpu_consumers.insert(), [{k: v for k, v in gone.items() if k != "id"}])
+
+
+def test_a_cluster_the_registry_no_longer_lists_has_no_gauges(served, tmp_path):
+    """A cluster taken out of the registry keeps its rows, but `/metrics` exports none of its
+    gauges (no staleness alert for a collection stopped on purpose, no frozen allocation rate) and
+    counts it; with the registry unreadable, or none, every cluster is exported."""
+    _api, lens_url, truths, cluster = served
+    other = next(name for name in truths if name != cluster)
+    path = tmp_path / "clusters.yaml"
+
+    def gauges(registry) -> dict[str, set[str]]:
+        client = TestClient(create_app(get_engine(lens_url), token=TOKEN, registry=registry))
+        out: dict[str, set[str]] = {}
+        for family in text_string_to_metric_families(client.get("/metrics").text):
+            for sample in family.samples:
+                out.setdefault(sample.name, set()).add(sample.labels.get("cluster", str(sample.value)))
+        return out
+
+    path.write_text(f"clusters:\n  - name: {cluster}\n    server: http://127.0.0.1:9\n    token: x\n")
+    listed = gauges(lambda: load_registry(path))
+    for name in (
+        "gpu_allocation_rate",
+        "lens_cluster_last_collected_timestamp_seconds",
+        "consumer_pod_gpu_allocated",
+    ):
+        assert listed[name] == {cluster}, name
+    assert listed["lens_clusters_unregistered"] == {"1.0"}
+    # An entry in error still lists its cluster: it is broken, not retired.
+    path.write_text(
+        f"clusters:\n  - name: {cluster}\n    server: http://127.0.0.1:9\n    token: x\n"
+        f"  - name: {other}\n    vendor: intel\n    server: http://127.0.0.1:9\n    token: x\n"
+    )
+    assert gauges(lambda: load_registry(path))["gpu_allocation_rate"] == {cluster, other}
+    path.unlink()  # unreadable: it says nothing about which clusters left
+    unreadable = gauges(lambda: load_registry(path))
+    assert unreadable["gpu_allocation_rate"] == {cluster, other}
+    assert unreadable["lens_clusters_unregistered"] == {"0.0"}
+    assert gauges(None)["lens_cluster_last_collected_timestamp_seconds"] == {cluster, other}
 
 
 def test_openapi_describes_the_routes(served):

@@ -30,11 +30,10 @@ def cluster_registry_sensor(
     for error in loaded.errors:
         context.log.warning(f"registry {loaded.source}: {error}")
     # An unreadable registry says nothing about which clusters left: never remove on its word.
-    registry_readable = not any(e.cluster is None and e.field in ("path", "document") for e in loaded.errors)
-    listed = set(loaded.clusters) | {e.cluster for e in loaded.errors if e.cluster}
+    listed = loaded.listed()
     current = set(context.instance.get_dynamic_partitions(CLUSTER_PARTITIONS_NAME))
     added = sorted(set(loaded.clusters) - current)
-    gone = sorted(current - listed) if registry_readable else []
+    gone = sorted(current - listed) if listed is not None else []
     busy = clusters_in_runs(context.instance) & set(gone)
     removed = [name for name in gone if name not in busy]
     if busy:
