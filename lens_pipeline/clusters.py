@@ -584,6 +584,10 @@ PROXY_SCHEMES = ("http", "https", "socks5", "socks5h")
 def proxy_problem(url: str) -> str | None:
     """Why `url` is no proxy to an API server, or None. kubectl's `proxy-url` schemes (http, https,
     socks5) and socks5h; the text never repeats the URL, which may hold a password."""
+    if any(c.isspace() or c == "\\" or not c.isprintable() for c in url):
+        # Parsers disagree on these (urllib3 reads a backslash as a slash, and would then quote the
+        # user and password back as a host): refused at load, as Go's url.Parse refuses them.
+        return "proxy URL: holds a space, a control character or a backslash"
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -132,6 +132,10 @@ def test_the_proxy_of_the_context_in_use_and_bad_proxies_named_without_their_pas
         ("socks4://u:hunter2@p:1080", "scheme"),
         ("http://u:hunter2@p:99999", "port"),
         ("socks5://u:hunter2@p", "port"),
+        # urllib3 reads a backslash as a slash and would quote "u:hunt" back as a host
+        ("http://u:hunt\\er2@p:3128", "backslash"),
+        (" socks5://u:hunter2@p:1080", "space"),
+        ("socks5://u:hunter2@p:1080\n", "control character"),
         ("http://", "host"),
     ):
         problem = proxy_problem(bad)

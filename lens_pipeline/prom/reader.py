@@ -22,7 +22,7 @@ import requests.auth
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from lens_pipeline.clusters import PrometheusHttp, header_text
+from lens_pipeline.clusters import PrometheusHttp, header_text, shown_url
 from lens_pipeline.retry import PROM_REQUEST, PROM_RETRIES
 
 # How far back the metric and label names are looked up: recent enough that what was renamed or
@@ -127,7 +127,12 @@ class PromReader:
         except PrometheusApiClientException as exc:
             raise PromError(self.cluster, query, str(exc)[:300]) from None
         except requests.RequestException as exc:
-            raise PromError(self.cluster, query, _request_failure(exc)) from None
+            through = (
+                f" (through the proxy {shown_url(self.http.proxy_url)})"
+                if self.http is not None and self.http.proxy_url
+                else ""
+            )
+            raise PromError(self.cluster, query, _request_failure(exc) + through) from None
         except OSError as exc:  # requests' own: a CA or client certificate file that is not there
             raise PromError(self.cluster, query, f"{type(exc).__name__}: {str(exc)[:200]}") from None
         except ValueError as exc:  # a 200 whose body is not the JSON Prometheus answers with
