@@ -43,8 +43,8 @@ DEADLINE_SECONDS = 60
 # The measured side of an alert: what its threshold compares (`<series> <op> <number>`).
 COMPARISON = re.compile(r"^(?P<measured>.+?)\s*(==|!=|>=|<=|>|<)\s*[0-9.]+$", re.DOTALL)
 
-# promtool's unit tests of the alert logic: a cluster that stops being collected, ingest lag, and a
-# collection the watch cache stops serving.
+# promtool's unit tests of the alert logic: a cluster that stops being collected, ingest lag, a
+# collection the watch cache stops serving, and GPU nodes that turn faulty.
 ALERT_TESTS = {
     "evaluation_interval": "1m",
     "tests": [
@@ -68,6 +68,9 @@ ALERT_TESTS = {
                 # lens watch refuses no request for 10 minutes, then three a minute (a run a minute
                 # of three clusters with a token it does not accept).
                 {"series": "lens_watch_cache_unauthorized_total", "values": "0x10 3+3x20"},
+                # Two of cluster a's GPU nodes turn faulty at 10m; b's stay healthy.
+                {"series": 'lens_cluster_gpu_nodes{cluster="a",state="faulty"}', "values": "0x10 2x20"},
+                {"series": 'lens_cluster_gpu_nodes{cluster="b",state="faulty"}', "values": "0x30"},
             ],
             "alert_rule_test": [
                 {"eval_time": "4m", "alertname": "LensClusterCollectionStale", "exp_alerts": []},
@@ -99,6 +102,12 @@ ALERT_TESTS = {
                     "alertname": "LensWatchCacheRefusingRuns",
                     "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
                 },
+                {"eval_time": "20m", "alertname": "LensGpuNodesFaulty", "exp_alerts": []},
+                {
+                    "eval_time": "26m",
+                    "alertname": "LensGpuNodesFaulty",
+                    "exp_alerts": [{"exp_labels": {"severity": "warning", "cluster": "a"}}],
+                },
             ],
         }
     ],
@@ -113,6 +122,7 @@ def _alert_tests(groups: list[dict]) -> dict:
         "LensIngestLagging": "container events of cluster a wait 20m 0s to be applied",
         "LensWatchCacheNotServing": "lens watch has not served /api/v1/pods of cluster a for 10 minutes",
         "LensWatchCacheRefusingRuns": "lens watch refused 30 requests for their bearer token in 10 minutes",
+        "LensGpuNodesFaulty": "2 GPU nodes of cluster a are faulty",
     }
     descriptions = {
         r["alert"]: r["annotations"].get("description") for g in groups for r in g["rules"] if "alert" in r

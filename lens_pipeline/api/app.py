@@ -563,11 +563,20 @@ class _FleetCollector:
             "Mean utilization of the cluster's GPUs, as a ratio (0-1); no series while it is unknown",
             labels=["cluster"],
         )
+        nodes = GaugeMetricFamily(
+            "lens_cluster_gpu_nodes",
+            "GPU nodes of the cluster by state: healthy or faulty (not Ready, no GPUs, or a NoSchedule/"
+            "NoExecute taint), and each healthy one fully_idle, partially_idle or busy",
+            labels=["cluster", "state"],
+        )
         for row in rates:
+            for state in queries.NODE_STATES:
+                nodes.add_metric([row["cluster_name"], state], float(row[f"{state}_nodes"]))
             rate.add_metric([row["cluster_name"]], row["allocation_rate"])
             ratio.add_metric([row["cluster_name"]], row["allocation_rate"] / 100.0)
             if row["utilization"] is not None:
                 utilization.add_metric([row["cluster_name"]], float(row["utilization"]) / 100.0)
+        yield nodes
         yield rate
         yield ratio
         yield utilization

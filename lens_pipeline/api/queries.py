@@ -710,6 +710,11 @@ class MetricsRows:
     backlog: list[Backlog]
 
 
+# The GPU node counts of the overview, by the state `/metrics` names (`<state>_nodes` columns):
+# healthy or faulty, and each healthy node in one of the three idle buckets.
+NODE_STATES = ("healthy", "faulty", "fully_idle", "partially_idle", "busy")
+
+
 def metrics_rows(engine: Engine) -> MetricsRows:
     """Every cluster's allocation rate and utilization, every consumer, the quarantined container events per
     cluster and stage, when each asset of each cluster was last materialized, and each cluster's
@@ -722,6 +727,7 @@ def metrics_rows(engine: Engine) -> MetricsRows:
                 cluster_overview_cache.c.cluster_name,
                 cluster_overview_cache.c.allocation_rate,
                 cluster_overview_cache.c.utilization,
+                *(cluster_overview_cache.c[f"{state}_nodes"] for state in NODE_STATES),
             ),
         )
         consumer_rows = _rows(conn, select(gpu_consumers))
