@@ -359,6 +359,14 @@ def test_consumers_and_metrics_have_no_series_for_ended_consumers(served):
     assert before["lens_gpu_utilization_ratio"][(("cluster", cluster),)] == pytest.approx(
         overview["utilization"] / 100
     )
+    # The GPU nodes by state, as the overview counts them (what the faulty-nodes alert reads).
+    states = ("healthy", "faulty", "fully_idle", "partially_idle", "busy")
+    assert {
+        dict(k)["state"]: v
+        for k, v in before["lens_cluster_gpu_nodes"].items()
+        if dict(k)["cluster"] == cluster
+    } == {state: overview[f"{state}_nodes"] for state in states}
+    assert overview["healthy_nodes"] + overview["faulty_nodes"] == overview["total_nodes"] > 0
     assert before["lens_consumer_gpu_utilization_ratio"] == pytest.approx(
         {k: v / 100 for k, v in before["consumer_pod_gpu_usage"].items()}
     )
