@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     api.add_argument("--port", type=int, default=8080)
     api.add_argument("--default-cluster", help="cluster of requests that name none (default: the only one)")
     api.add_argument("--workers", type=int, default=1, help="server processes")
+    api.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help=f"no JSON line per request on standard output (${settings.LENS_API_ACCESS_LOG}=0)",
+    )
 
     watch = commands.add_parser(
         "watch",
@@ -264,6 +269,8 @@ def _api(args: argparse.Namespace) -> int:
     os.environ[settings.LENS_DATABASE_URL] = args.database_url or settings.lens_database_url()
     if args.default_cluster:
         os.environ[settings.LENS_API_DEFAULT_CLUSTER] = args.default_cluster
+    if args.no_access_log:
+        os.environ[settings.LENS_API_ACCESS_LOG] = "0"
     print(
         f"lens api on http://{args.host}:{args.port} over {_safe_url(settings.lens_database_url())}",
         flush=True,

@@ -15,6 +15,7 @@ LENS_SAFE_DATABASE_URL = "LENS_SAFE_DATABASE_URL"
 LENS_CLUSTERS_FILE = "LENS_CLUSTERS_FILE"
 LENS_API_TOKEN = "LENS_API_TOKEN"
 LENS_API_DEFAULT_CLUSTER = "LENS_API_DEFAULT_CLUSTER"
+LENS_API_ACCESS_LOG = "LENS_API_ACCESS_LOG"
 
 
 def state_dir() -> Path:
@@ -95,3 +96,8 @@ def history_partitions_per_run() -> int:
     """(cluster, hour) partitions one hourly history run covers at most: one hour of that many
     clusters, or that many hours of one cluster."""
     return _whole_number(LENS_HISTORY_PARTITIONS_PER_RUN, DEFAULT_HISTORY_PARTITIONS_PER_RUN, 1)
+
+
+def api_access_log() -> bool:
+    """Whether `lens api` writes a JSON line per request to its standard output (on unless "0")."""
+    return os.environ.get(LENS_API_ACCESS_LOG, "1").strip() not in ("0", "false", "no", "off")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from datetime import UTC, datetime
 from importlib.resources import files
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -36,6 +38,7 @@ from lens_pipeline.api import aggregation, clusters, nodes, queries, workloads
 from lens_pipeline.api.common import (
     MAX_PAGE_NUM,
     MAX_PAGE_SIZE,
+    TRACE,
     ApiError,
     Paging,
     Routes,
@@ -44,6 +47,7 @@ from lens_pipeline.api.common import (
     paged,
     require_cluster,
     sortable,
+    trace_of,
 )
 from lens_pipeline.api.prometheus import ClusterPrometheus
 from lens_pipeline.api.queries import NODE_ORDER, WORKLOAD_ORDER
@@ -54,6 +58,9 @@ from lens_pipeline.store.event_log import Backlog
 from lens_pipeline.store.migrate import ensure_schema
 
 log = logging.getLogger(__name__)
+# One JSON line per request (`_Instrumented`); `lens api` writes it to its standard output unless
+# `$LENS_API_ACCESS_LOG` is "0" (`--no-access-log`).
+ACCESS_LOG = logging.getLogger("lens.api.access")
 
 __all__ = ["MAX_PAGE_NUM", "MAX_PAGE_SIZE", "MAX_QUERY_BYTES", "ApiError", "create_app", "envelope"]
 
@@ -474,7 +481,8 @@ def _workload_item(row: dict, allocation: dict) -> dict:
 
 
 class _Instrumented:
-    """Counts and times every request by route template (plain ASGI: no per-request task)."""
+    """Counts and times every request by route template, gives it its trace (`common.TRACE`), and
+    writes its access log line: one JSON object (plain ASGI: no per-request task)."""
 
     def __init__(self, app: Any, *, requests: Counter, latency: Histogram) -> None:
         self.app, self.requests, self.latency = app, requests, latency
@@ -485,6 +493,9 @@ class _Instrumented:
             return
         status = 500
         started = time.perf_counter()
+        traceparent = next((v for k, v in scope.get("headers", ()) if k == b"traceparent"), None)
+        trace = trace_of(traceparent.decode("latin-1") if traceparent is not None else None)
+        traced = TRACE.set(trace)
 
         async def sending(message: dict) -> None:
             nonlocal status
@@ -495,9 +506,24 @@ class _Instrumented:
         try:
             await self.app(scope, receive, sending)
         finally:
+            TRACE.reset(traced)
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.latency.labels(route).observe(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.latency.labels(route).observe(seconds)
             self.requests.labels(route, str(status)).inc()
+            if ACCESS_LOG.isEnabledFor(logging.INFO):
+                client = scope.get("client")
+                line = {
+                    "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                    "method": scope.get("method"),
+                    "path": scope.get("path"),
+                    "route": route,
+                    "status": status,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "client": client[0] if client else None,
+                    **trace,
+                }
+                ACCESS_LOG.info(orjson.dumps(line).decode())
 
 
 class _FleetCollector:
@@ -633,9 +659,21 @@ def _ingest_lag(waiting: list[Backlog]) -> Iterator[GaugeMetricFamily]:
     yield lag
 
 
+def _log_access_to_stdout() -> None:
+    if not any(getattr(h, "lens_access", False) for h in ACCESS_LOG.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.lens_access = True  # type: ignore[attr-defined]
+        ACCESS_LOG.addHandler(handler)
+    ACCESS_LOG.setLevel(logging.INFO)
+    ACCESS_LOG.propagate = False
+
+
 def app_from_environment() -> FastAPI:
     """The app `lens api` serves: the Lens database, token, default cluster and cluster registry
     (`LENS_CLUSTERS_FILE`, for the clusters' Prometheus) from the environment."""
+    if settings.api_access_log():
+        _log_access_to_stdout()
     ensure_schema(get_engine(settings.lens_database_url()), "lens")
     engine = get_read_engine(settings.lens_database_url())
     registry_file = settings.clusters_file()

@@ -4,6 +4,8 @@ cluster resolution and the clusters' Prometheus of one app)."""
 
 from __future__ import annotations
 
+import contextvars
+import os
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +38,22 @@ MAX_POINTS_PER_ANSWER = 250_000
 MAX_TIMESTAMP = 4_102_444_800
 
 
+# The request's trace, as W3C trace context has it: the caller's trace id (its `traceparent`
+# header), else a new one, and a span id of this answer. The envelope's `tracing` and the access
+# log carry it, so that a line of one and an answer of the other are found together.
+TRACE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("lens_api_trace", default=None)
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+
+def trace_of(traceparent: str | None) -> dict[str, str]:
+    """The trace of a request with this `traceparent` header (none, or one W3C trace context
+    calls invalid: version ff, an all-zero trace or parent id: a new trace)."""
+    found = _TRACEPARENT.match(traceparent.strip()) if traceparent else None
+    valid = found is not None and found[1] != "ff" and set(found[2]) != {"0"} and set(found[3]) != {"0"}
+    trace_id = found[2] if valid and found is not None else os.urandom(16).hex()
+    return {"trace_id": trace_id, "span_id": os.urandom(8).hex()}
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -45,7 +63,7 @@ class ApiError(Exception):
 def envelope(data: Any, status: int = 200, message: str = "OK") -> Response:
     """The original's envelope; errors carry the HTTP status times ten in `meta.code`."""
     code = 2000 if status == 200 else status * 10
-    body = orjson.dumps({"meta": {"code": code, "message": message}, "data": data, "tracing": None})
+    body = orjson.dumps({"meta": {"code": code, "message": message}, "data": data, "tracing": TRACE.get()})
     return Response(body, status_code=status, media_type="application/json")
 
 

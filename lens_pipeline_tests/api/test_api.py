@@ -5,6 +5,8 @@ in every string parameter, the consumer metrics, and the live fallback when the 
 from __future__ import annotations
 
 import json
+import logging
+import re
 import socket
 import threading
 import time
@@ -211,6 +213,47 @@ def test_wrong_or_missing_token_is_401_and_health_needs_none(served):
     status, body = api.get("/v1/nodes", token=None, cluster=cluster)
     assert status == 401 and body["meta"]["code"] == 4010
     assert api.get("/healthz", token=None)[0] == 200
+
+
+def test_each_answer_carries_its_trace_and_writes_one_json_access_line(served, caplog):
+    """The envelope's `tracing` (the original's field, null before): the caller's W3C trace id when
+    it sends a `traceparent`, else a new one, with this answer's span; the access log's JSON line of
+    the request carries the same ids, its route and status."""
+    _api, lens_url, _truths, cluster = served
+    client = TestClient(create_app(get_engine(lens_url), token=TOKEN))
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    caller = "4bf92f3577b34da6a3ce929d0e0e4736"
+    caplog.set_level(logging.INFO, logger="lens.api.access")
+    answer = client.get(
+        "/v1/clusters/overview",
+        params={"cluster": cluster},
+        headers={**headers, "traceparent": f"00-{caller}-00f067aa0ba902b7-01"},
+    )
+    assert answer.status_code == 200
+    tracing = answer.json()["tracing"]
+    assert tracing["trace_id"] == caller and re.fullmatch(r"[0-9a-f]{16}", tracing["span_id"])
+    assert tracing["span_id"] != "00f067aa0ba902b7"
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "lens.api.access"]
+    assert {k: line[k] for k in ("method", "path", "route", "status", "trace_id", "span_id")} == {
+        "method": "GET",
+        "path": "/v1/clusters/overview",
+        "route": "/v1/clusters/overview",
+        "status": 200,
+        **tracing,
+    }
+    assert line["duration_ms"] >= 0
+    # No traceparent, or one W3C trace context calls invalid: a new trace per request.
+    traces = set()
+    for extra in ({}, {"traceparent": f"00-{'0' * 32}-00f067aa0ba902b7-01"}, {"traceparent": "garbage"}):
+        body = client.get("/v1/nodes", params={"cluster": cluster}, headers={**headers, **extra}).json()
+        assert re.fullmatch(r"[0-9a-f]{32}", body["tracing"]["trace_id"]), body["tracing"]
+        traces.add(body["tracing"]["trace_id"])
+    assert len(traces) == 3 and caller not in traces
+    # An answer refused before any route (a NUL in the query) is traced too.
+    refused = client.get(
+        "/v1/nodes?cluster=%00", headers={**headers, "traceparent": f"00-{caller}-00f067aa0ba902b7-01"}
+    )
+    assert refused.status_code == 400 and refused.json()["tracing"]["trace_id"] == caller
 
 
 def test_injection_in_every_string_parameter_is_400_or_empty_never_an_sql_error(served):
