@@ -14,7 +14,7 @@ import binascii
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -219,6 +219,9 @@ class ClusterConfig(BaseModel):
 
     name: str
     vendor: Literal["amd", "nvidia", "auto"] = "auto"
+    # `enabled: false` keeps an entry out of every run, sensor and lens watch (a paused cluster,
+    # or one of a `kubeconfig_dir` another system writes); such entries never become a ClusterConfig.
+    enabled: Literal[True] = True
     prometheus_url: str | None = None
     prometheus_http: PrometheusHttp = Field(default_factory=PrometheusHttp)
     kubeconfig: str | None = None
@@ -302,14 +305,17 @@ class Registry:
     clusters: dict[str, ClusterConfig]
     errors: list[RegistryError]
     source: str
+    # Entries with `enabled: false`: kept in the file, collected nowhere (as if not listed).
+    disabled: set[str] = field(default_factory=set)
 
     @property
     def names(self) -> list[str]:
         return sorted(self.clusters)
 
     def listed(self) -> set[str] | None:
-        """Every cluster the registry lists, those whose entry is in error too; None when the
-        registry itself could not be read (it then says nothing about which clusters left)."""
+        """Every cluster the registry lists, those whose entry is in error too (not those it
+        disables); None when the registry itself could not be read (it then says nothing about
+        which clusters left)."""
         if any(e.cluster is None and e.field in ("path", "document") for e in self.errors):
             return None
         return set(self.clusters) | {e.cluster for e in self.errors if e.cluster}
@@ -485,15 +491,30 @@ def _pem(field_name: str, value: Any) -> str:
 
 def _build(entries: list[dict[str, Any]], errors: list[RegistryError], base: Path, source: str) -> Registry:
     clusters: dict[str, ClusterConfig] = {}
+    disabled: set[str] = set()
     for raw in entries:
+        enabled = raw.get("enabled", True)
+        if not isinstance(enabled, bool):
+            name = raw.get("name") if isinstance(raw.get("name"), str) else None
+            errors.append(RegistryError(name, "enabled", "must be true or false"))
+            continue
+        if not enabled:  # only its name is read: the rest may be whatever it was
+            name = raw.get("name")
+            if (why := validate_cluster_name(name)) is not None:
+                errors.append(RegistryError(name if isinstance(name, str) else None, "name", why))
+            elif name in clusters or name in disabled:
+                errors.append(RegistryError(name, "name", "listed twice; the first entry is kept"))
+            else:
+                disabled.add(str(name))
+            continue
         cluster, problems = _parse_entry(raw, base)
         if problems:
             errors.extend(problems)
-        elif cluster is not None and cluster.name in clusters:
+        elif cluster is not None and (cluster.name in clusters or cluster.name in disabled):
             errors.append(RegistryError(cluster.name, "name", "listed twice; the first entry is kept"))
         elif cluster is not None:
             clusters[cluster.name] = cluster
-    return Registry(clusters, errors, source)
+    return Registry(clusters, errors, source, disabled)
 
 
 _PATH_FIELDS = ("kubeconfig", "token_file", "ca_file", "cert_file", "key_file")

@@ -65,7 +65,12 @@ def diagnose(registry: Registry, only: Iterable[str] = (), timeout_seconds: floa
     for name in registry.names:
         if not wanted or name in wanted:
             findings += diagnose_cluster(registry.get(name), timeout_seconds)
-    for name in sorted(wanted - set(registry.names) - {e.cluster for e in registry.errors}):
+    for name in sorted(registry.disabled):
+        if not wanted or name in wanted:
+            findings.append(Finding(name, "registry", WARN, "enabled: false: not collected, not checked"))
+    for name in sorted(
+        wanted - set(registry.names) - registry.disabled - {e.cluster for e in registry.errors}
+    ):
         findings.append(Finding(name, "registry", FAIL, "not in the registry"))
     return findings
 

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from lens_pipeline.clusters import ClusterNotFound, load_registry, validate_cluster_name
+from lens_pipeline.doctor import diagnose
 
 
 def _kubeconfig(path: Path, contexts: tuple[str, ...] = ("ctx",), current: str | None = "ctx") -> Path:
@@ -148,6 +149,49 @@ def test_a_registry_can_add_a_kubeconfig_directory_with_defaults(tmp_path):
     assert registry.get("east").prometheus_url == "http://prom.east.svc:9090"
     assert registry.get("east").vendor == "nvidia"
     assert registry.get("west").vendor == "amd"
+
+
+def test_an_entry_can_be_disabled_without_being_removed(tmp_path):
+    """`enabled: false` keeps an entry out of everything (only its name is read), also one of a
+    `kubeconfig_dir` that another system writes, by an entry of its name; `defaults` can pause
+    every cluster but those that say `enabled: true`."""
+    (tmp_path / "kc").mkdir()
+    for name in ("east", "west", "north"):
+        _kubeconfig(tmp_path / "kc" / name)
+    registry = load_registry(
+        _registry(
+            tmp_path,
+            {
+                "kubeconfig_dir": "kc",
+                "clusters": [
+                    {"name": "west", "enabled": False},  # from the directory, not collected
+                    {"name": "south", "enabled": False, "server": "half-written"},
+                    {"name": "bad-flag", "enabled": "sometimes", "kubeconfig": "kc/east"},
+                ],
+            },
+        )
+    )
+    assert registry.names == ["east", "north"]
+    assert registry.disabled == {"west", "south"}
+    assert registry.listed() == {"east", "north", "bad-flag"}  # an entry in error is still listed
+    assert [(e.cluster, e.field) for e in registry.errors] == [("bad-flag", "enabled")]
+    # lens doctor says so, and does not call a disabled cluster missing.
+    (finding,) = diagnose(registry, only=["west"])
+    assert (finding.cluster, finding.status) == ("west", "warn") and "enabled: false" in finding.detail
+
+    paused = load_registry(
+        _registry(
+            tmp_path,
+            {
+                "defaults": {"enabled": False},
+                "clusters": [
+                    {"name": "east", "kubeconfig": "kc/east"},
+                    {"name": "west", "kubeconfig": "kc/west", "enabled": True},
+                ],
+            },
+        )
+    )
+    assert paused.names == ["west"] and paused.disabled == {"east"} and not paused.errors
 
 
 @pytest.mark.parametrize("content", ["", "[1, 2]", "clusters: 5", "{{{"])

@@ -576,6 +576,7 @@ def test_an_edit_of_a_clusters_prometheus_or_exporters_alone_keeps_what_the_cach
     entry's other fields: a new Prometheus URL neither drops 165,000 kept pods nor turns a run
     with the new entry away. Every field of an entry is one or the other."""
     assert KUBE_FIELDS | {
+        "enabled",  # always true where a ClusterConfig exists
         "vendor",
         "prometheus_url",
         "prometheus_http",

@@ -71,6 +71,22 @@ def _partitions(instance):
     return sorted(instance.get_dynamic_partitions(CLUSTER_PARTITIONS_NAME))
 
 
+def test_a_cluster_disabled_in_the_registry_loses_its_partition_and_gets_it_back(instance, tmp_path):
+    path = _write_registry(tmp_path, ["east", "west"])
+    _tick(instance, path)
+    assert _partitions(instance) == ["east", "west"]
+    document = yaml.safe_load(path.read_text())
+    document["clusters"][1] = {"name": "west", "enabled": False}
+    path.write_text(yaml.safe_dump(document))
+    _tick(instance, path)
+    assert _partitions(instance) == ["east"]
+    document["clusters"][1] = {"name": "west", "kubeconfig": "kc.yaml"}
+    path.write_text(yaml.safe_dump(document))
+    result = _tick(instance, path)
+    assert _partitions(instance) == ["east", "west"]
+    assert isinstance(result, SensorResult) and result.run_requests  # its first collection again
+
+
 def test_sensor_adds_new_clusters_with_a_first_run_and_removes_gone_ones(instance, tmp_path):
     path = _write_registry(tmp_path, ["east", "west"])
     result = _tick(instance, path)
