@@ -592,7 +592,8 @@ class _FleetCollector:
         nodes = GaugeMetricFamily(
             "lens_cluster_gpu_nodes",
             "GPU nodes of the cluster by state: healthy or faulty (not Ready, no GPUs, or a NoSchedule/"
-            "NoExecute taint), and each healthy one fully_idle, partially_idle or busy",
+            "NoExecute taint other than the GPU resource's own), and each healthy one fully_idle, "
+            "partially_idle or busy",
             labels=["cluster", "state"],
         )
         for row in rates:

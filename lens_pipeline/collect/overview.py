@@ -20,9 +20,16 @@ from lens_pipeline.collect.stored import (
     stored_mapping,
     stored_text,
 )
+from lens_pipeline.vendors import PROFILES
 
 # Taints that keep new pods off a node: a node carrying one is out of service (PreferNoSchedule is not).
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+# ... except a taint keyed by the GPU resource itself (`nvidia.com/gpu=present:NoSchedule`, which GKE
+# puts on every GPU node pool and many clusters put on their GPU nodes): it keeps off the pods that
+# request no GPU, and a pod that requests the resource tolerates it (where the API server enables
+# the admission plugin ExtendedResourceToleration, it adds that toleration by itself). Such a
+# node serves GPU pods.
+DEDICATION_TAINT_KEYS = frozenset(profile.resource for profile in PROFILES.values())
 
 NODE_COUNTS = (
     "total_nodes",
@@ -68,11 +75,17 @@ def readable_nodes(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, An
 
 
 def is_faulty(node: Mapping[str, Any]) -> bool:
-    """A GPU node is faulty when it is not Ready, reports no GPUs, or carries a blocking taint."""
+    """A GPU node is faulty when it is not Ready, reports no GPUs, or carries a blocking taint that
+    GPU pods do not tolerate (any but the GPU resource's own)."""
     if node.get("status") != "Ready" or not node.get("gpu_count"):
         return True
     taints = (node.get("taints") or {}).get("taints") or []
-    return any(isinstance(t, Mapping) and t.get("effect") in BLOCKING_EFFECTS for t in taints)
+    return any(
+        isinstance(t, Mapping)
+        and t.get("effect") in BLOCKING_EFFECTS
+        and t.get("key") not in DEDICATION_TAINT_KEYS
+        for t in taints
+    )
 
 
 def node_figures(nodes: Iterable[Mapping[str, Any]]) -> dict[str, float]:

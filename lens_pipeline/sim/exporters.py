@@ -25,7 +25,7 @@ from lens_pipeline.sim.dialects import (
 )
 from lens_pipeline.sim.generate import JUICEFS_VOLUMES
 from lens_pipeline.sim.history import GpuSample
-from lens_pipeline.sim.vendors import AMD, SimVendor
+from lens_pipeline.sim.vendors import AMD, VENDORS, SimVendor
 
 if TYPE_CHECKING:
     from lens_pipeline.sim.fleet import SimCluster
@@ -520,21 +520,26 @@ def device_truth(cluster: SimCluster) -> tuple[list[dict], list[dict]]:
     return sorted(gpus, key=key), sorted(nics, key=key)
 
 
-# Taint effects that keep pods off a node: such a node is faulty for the overview.
+# Taint effects that keep pods off a node: such a node is faulty for the overview, unless the taint is
+# the GPU resource's own (the vendor's dedication taint), which GPU pods tolerate.
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+GPU_TAINT_KEYS = frozenset(vendor.taint_key for vendor in VENDORS.values())
 
 
 def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
     """The `cluster_overview_cache` row by spec §3's formulas with the original's bugs fixed:
     NotReady/Unknown GPU nodes count as faulty instead of vanishing, every other node lands in exactly
-    one idle bucket, a tainted node is faulty only for taints that keep pods off it, and storage and
+    one idle bucket, a tainted node is faulty only for taints that keep GPU pods off it, and storage and
     RDMA figures add up every volume and NIC (rates are bytes per second)."""
     faulty = [
         n
         for n in nodes
         if n["status"] != "Ready"
         or n["gpu_count"] == 0
-        or any(t.get("effect") in BLOCKING_EFFECTS for t in (n["taints"] or {}).get("taints", []))
+        or any(
+            t.get("effect") in BLOCKING_EFFECTS and t.get("key") not in GPU_TAINT_KEYS
+            for t in (n["taints"] or {}).get("taints", [])
+        )
     ]
     healthy = [n for n in nodes if n not in faulty]
     capacity = sum(n["gpu_count"] for n in healthy)

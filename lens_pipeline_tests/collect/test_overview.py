@@ -1,8 +1,14 @@
-"""collect/overview.py: JuiceFS volumes from the grouped answers, and the cluster's storage figures."""
+"""collect/overview.py: JuiceFS volumes from the grouped answers, the cluster's storage figures, and which GPU nodes are faulty."""
 
 from __future__ import annotations
 
-from lens_pipeline.collect.overview import JUICEFS_UNLIMITED_SPACE, juicefs_volumes, storage_figures
+from lens_pipeline.collect.overview import (
+    JUICEFS_UNLIMITED_SPACE,
+    is_faulty,
+    juicefs_volumes,
+    node_figures,
+    storage_figures,
+)
 
 TIB = float(1 << 40)
 
@@ -36,3 +42,24 @@ def test_each_volume_takes_its_figures_and_a_volume_without_quota_has_no_capacit
     assert uncapped == ["unlimited", "silent"]
     totals = storage_figures(volumes)
     assert totals["storage_used_space"] is None  # one volume's usage is unknown: so is the sum
+
+
+def test_a_gpu_node_is_faulty_for_taints_gpu_pods_do_not_tolerate():
+    """The vendor's dedication taint (`nvidia.com/gpu=present:NoSchedule`, GKE's on every GPU node
+    pool) keeps only pods without GPUs off: a GPU pod tolerates it, so the node serves GPU work.
+    Any other NoSchedule or NoExecute taint (cordon, maintenance) takes the node out of service;
+    PreferNoSchedule does not."""
+
+    def node(*taints: tuple[str, str]) -> dict:
+        listed = [{"key": key, "value": "present", "effect": effect} for key, effect in taints]
+        return {"status": "Ready", "gpu_count": 8, "gpu_allocation": 4, "taints": {"taints": listed}}
+
+    assert not is_faulty(node())
+    assert not is_faulty(node(("nvidia.com/gpu", "NoSchedule")))
+    assert not is_faulty(node(("amd.com/gpu", "NoExecute")))
+    assert not is_faulty(node(("example.com/maintenance", "PreferNoSchedule")))
+    assert is_faulty(node(("node.kubernetes.io/unschedulable", "NoSchedule")))
+    assert is_faulty(node(("nvidia.com/gpu", "NoSchedule"), ("example.com/maintenance", "NoExecute")))
+    assert is_faulty({**node(), "status": "NotReady"}) and is_faulty({**node(), "gpu_count": 0})
+    figures = node_figures([node(("nvidia.com/gpu", "NoSchedule")), node(("x", "NoSchedule"))])
+    assert (figures["healthy_nodes"], figures["faulty_nodes"], figures["allocation_rate"]) == (1, 1, 50.0)
