@@ -300,6 +300,9 @@ class ClusterNotFound(KeyError):
         return str(self.args[0])
 
 
+UNKNOWN_FIELD = "unknown field"
+
+
 @dataclass
 class Registry:
     clusters: dict[str, ClusterConfig]
@@ -316,7 +319,9 @@ class Registry:
         """Every cluster the registry lists, those whose entry is in error too (not those it
         disables); None when the registry itself could not be read (it then says nothing about
         which clusters left)."""
-        if any(e.cluster is None and e.field in ("path", "document") for e in self.errors):
+        # Any error that names no cluster but is not a mere unknown top-level field: some entry, or
+        # all of them, could not be read.
+        if any(e.cluster is None and e.message != UNKNOWN_FIELD for e in self.errors):
             return None
         return set(self.clusters) | {e.cluster for e in self.errors if e.cluster}
 
@@ -324,7 +329,13 @@ class Registry:
         if name in self.clusters:
             return self.clusters[name]
         problems = [str(e) for e in self.errors if e.cluster == name]
-        detail = "; ".join(problems) if problems else "it is not in the registry"
+        detail = (
+            "it is disabled there (enabled: false)"
+            if name in self.disabled
+            else "; ".join(problems)
+            if problems
+            else "it is not in the registry"
+        )
         raise ClusterNotFound(f"cluster {name!r} cannot be used ({self.source}): {detail}")
 
 
@@ -344,7 +355,7 @@ def load_registry(path: str | Path) -> Registry:
     """Load the registry from a YAML file or from a directory of per-cluster files."""
     path = Path(path)
     if path.is_dir():
-        entries, errors = _entries_from_directory(path, defaults={})
+        entries, errors = _entries_from_directory(path)
         return _build(entries, errors, base=path, source=str(path))
     try:
         document = yaml.safe_load(path.read_text())
@@ -352,7 +363,7 @@ def load_registry(path: str | Path) -> Registry:
         return Registry(
             {}, [RegistryError(None, "path", f"registry file {str(path)!r} does not exist")], str(path)
         )
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         return Registry({}, [RegistryError(None, "path", f"cannot read {str(path)!r}: {exc}")], str(path))
     return parse_registry(document, base=path.parent, source=str(path))
 
@@ -396,25 +407,54 @@ def parse_registry(document: Any, base: Path, source: str = "<memory>") -> Regis
         errors.append(RegistryError(None, "clusters", "expected a list of cluster entries"))
         raw_entries = []
     for unknown in sorted(set(document) - {"clusters", "defaults", "kubeconfig_dir"}):
-        errors.append(RegistryError(None, unknown, "unknown field"))
+        errors.append(RegistryError(None, unknown, UNKNOWN_FIELD))
+    found: dict[str, dict[str, Any]] = {}
     if document.get("kubeconfig_dir"):
-        dir_entries, dir_errors = _entries_from_directory(base / str(document["kubeconfig_dir"]), defaults)
-        # An explicit entry for the same name refines the one found in the directory.
+        dir_entries, dir_errors = _entries_from_directory(base / str(document["kubeconfig_dir"]))
+        found = {e["name"]: e for e in dir_entries}
         explicit = {e.get("name") for e in raw_entries if isinstance(e, dict)}
-        entries.extend(e for e in dir_entries if e["name"] not in explicit)
+        entries.extend(_with_defaults(defaults, e) for e in dir_entries if e["name"] not in explicit)
         errors.extend(dir_errors)
     for index, raw in enumerate(raw_entries):
         if not isinstance(raw, dict):
             errors.append(RegistryError(None, f"clusters[{index}]", "expected a mapping"))
             continue
-        entries.append(_with_defaults(defaults, raw))
+        entries.append(_with_defaults(defaults, _refined(found.get(str(raw.get("name"))), raw)))
     return _build(entries, errors, base, source)
 
 
-def _entries_from_directory(
-    directory: Path, defaults: dict[str, Any]
-) -> tuple[list[dict[str, Any]], list[RegistryError]]:
-    """One entry per file: the file's name (less a known suffix) is the cluster's."""
+# The fields that say how to reach an API server: an explicit entry that gives one of the first three
+# brings its own, and none of the directory's.
+_CONNECTION_FIELDS = (
+    "kubeconfig",
+    "in_cluster",
+    "server",
+    "context",
+    "token",
+    "token_file",
+    "ca_file",
+    "ca_data",
+    "cert_data",
+    "key_data",
+    "cert_file",
+    "key_file",
+    "tls_server_name",
+    "insecure_skip_tls_verify",
+)
+
+
+def _refined(found: dict[str, Any] | None, explicit: dict[str, Any]) -> dict[str, Any]:
+    """An explicit entry over the directory's entry of the same name (its vendor, Prometheus,
+    `enabled`...); one that names its own way to the API server keeps none of the directory's."""
+    if found is None:
+        return explicit
+    if any(explicit.get(key) for key in _CONNECTION_FIELDS[:3]):
+        found = {k: v for k, v in found.items() if k not in _CONNECTION_FIELDS}
+    return {**found, **explicit}
+
+
+def _entries_from_directory(directory: Path) -> tuple[list[dict[str, Any]], list[RegistryError]]:
+    """One entry per file (before `defaults`): the file's name (less a known suffix) is the cluster's."""
     if not directory.is_dir():
         return [], [RegistryError(None, "kubeconfig_dir", f"{str(directory)!r} is not a directory")]
     entries, errors = [], []
@@ -430,7 +470,7 @@ def _entries_from_directory(
             errors.append(RegistryError(name, str(exc.args[0]), str(exc.args[1])))
             continue
         entry = original if original is not None else {"kubeconfig": str(file)}
-        entries.append(_with_defaults(defaults, {"name": name, **entry}))
+        entries.append({"name": name, **entry})
     return entries, errors
 
 
@@ -514,6 +554,9 @@ def _build(entries: list[dict[str, Any]], errors: list[RegistryError], base: Pat
             errors.append(RegistryError(cluster.name, "name", "listed twice; the first entry is kept"))
         elif cluster is not None:
             clusters[cluster.name] = cluster
+    # A disabled cluster is not read: what is wrong with it elsewhere (its file in a directory another
+    # system writes) is no error of this registry.
+    errors = [e for e in errors if e.cluster is None or e.cluster not in disabled]
     return Registry(clusters, errors, source, disabled)
 
 
@@ -721,7 +764,7 @@ def _check_kubeconfig(path: str, context: str | None) -> str | None:
         document = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         return f"file {path!r} does not exist"
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         return f"file {path!r} is not readable YAML ({type(exc).__name__})"
     if not isinstance(document, dict) or not isinstance(document.get("contexts"), list):
         return f"file {path!r} is not a kubeconfig (no contexts list)"

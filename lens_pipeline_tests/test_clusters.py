@@ -192,6 +192,43 @@ def test_an_entry_can_be_disabled_without_being_removed(tmp_path):
         )
     )
     assert paused.names == ["west"] and paused.disabled == {"east"} and not paused.errors
+    # The same over a directory: an entry of a directory's cluster refines it (its file stays its
+    # way to the API server), and a disabled one's broken file is no error.
+    (tmp_path / "kc" / "broken").write_text("{not: yaml: at all")
+    allowed = load_registry(
+        _registry(
+            tmp_path,
+            {
+                "kubeconfig_dir": "kc",
+                "defaults": {"enabled": False},
+                "clusters": [{"name": "north", "enabled": True, "vendor": "amd"}],
+            },
+        )
+    )
+    assert allowed.names == ["north"] and not allowed.errors, allowed.errors
+    assert allowed.get("north").kubeconfig == str(tmp_path / "kc" / "north")
+    assert allowed.get("north").vendor == "amd"
+    assert allowed.disabled == {"east", "west", "broken"}
+    with pytest.raises(ClusterNotFound, match="disabled"):
+        allowed.get("east")
+
+
+def test_a_registry_partly_unreadable_says_nothing_about_which_clusters_left(tmp_path):
+    """The registry sensor removes, and `/metrics` hides, only clusters a readable registry no
+    longer lists: a `kubeconfig_dir` that is not there (a Secret not mounted), a `clusters` that is
+    not a list, an entry without a name leave `listed()` None; an unknown top-level field does not."""
+    for document in (
+        {"kubeconfig_dir": "missing", "clusters": []},
+        {"clusters": 5},
+        {"clusters": [{"kubeconfig": "kc"}]},
+        {"clusters": ["east"]},
+    ):
+        assert load_registry(_registry(tmp_path, document)).listed() is None, document
+    _kubeconfig(tmp_path / "kc-east")
+    typo = load_registry(
+        _registry(tmp_path, {"cluster": [], "clusters": [{"name": "east", "kubeconfig": "kc-east"}]})
+    )
+    assert typo.listed() == {"east"}
 
 
 @pytest.mark.parametrize("content", ["", "[1, 2]", "clusters: 5", "{{{"])

@@ -42,14 +42,21 @@ MAX_TIMESTAMP = 4_102_444_800
 # header), else a new one, and a span id of this answer. The envelope's `tracing` and the access
 # log carry it, so that a line of one and an answer of the other are found together.
 TRACE: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("lens_api_trace", default=None)
-_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+# Version 00 has exactly these four fields; a later version may add more after them.
+_TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
 
 
 def trace_of(traceparent: str | None) -> dict[str, str]:
     """The trace of a request with this `traceparent` header (none, or one W3C trace context
     calls invalid: version ff, an all-zero trace or parent id: a new trace)."""
     found = _TRACEPARENT.match(traceparent.strip()) if traceparent else None
-    valid = found is not None and found[1] != "ff" and set(found[2]) != {"0"} and set(found[3]) != {"0"}
+    valid = (
+        found is not None
+        and found[1] != "ff"
+        and not (found[1] == "00" and found[5])
+        and set(found[2]) != {"0"}
+        and set(found[3]) != {"0"}
+    )
     trace_id = found[2] if valid and found is not None else os.urandom(16).hex()
     return {"trace_id": trace_id, "span_id": os.urandom(8).hex()}
 

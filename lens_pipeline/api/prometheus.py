@@ -9,6 +9,7 @@ Every failure is an `ApiError` 503 naming the cluster and the cause (no registry
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -33,6 +34,7 @@ T = TypeVar("T")
 DIALECT_SECONDS = 300.0
 REGISTRY_SECONDS = 60.0
 # The API answers people: a Prometheus slower than this is reported, not waited for.
+log = logging.getLogger(__name__)
 TIMEOUT_SECONDS = 10.0
 # A route's queries are asked at once, a few at a time: its answer waits for the slowest, not the sum.
 _ASKING = ThreadPoolExecutor(max_workers=4, thread_name_prefix="api-prometheus")
@@ -75,8 +77,13 @@ class ClusterPrometheus:
             return self._registry
 
     def registered(self) -> set[str] | None:
-        """The clusters the registry lists now; None without a registry, or when it cannot be read."""
-        registry = self._registry_now()
+        """The clusters the registry lists now; None without a registry, or when it cannot be read
+        (whatever the loader raised: `/metrics` must answer)."""
+        try:
+            registry = self._registry_now()
+        except Exception:
+            log.exception("the cluster registry cannot be loaded: /metrics exports every cluster")
+            return None
         return registry.listed() if registry is not None else None
 
     def vendor(self, cluster: str) -> str | None:

@@ -244,11 +244,23 @@ def test_each_answer_carries_its_trace_and_writes_one_json_access_line(served, c
     assert line["duration_ms"] >= 0
     # No traceparent, or one W3C trace context calls invalid: a new trace per request.
     traces = set()
-    for extra in ({}, {"traceparent": f"00-{'0' * 32}-00f067aa0ba902b7-01"}, {"traceparent": "garbage"}):
+    for extra in (
+        {},
+        {"traceparent": f"00-{'0' * 32}-00f067aa0ba902b7-01"},
+        {"traceparent": "garbage"},
+        {"traceparent": f"00-{caller}-00f067aa0ba902b7-01-more"},  # version 00 has four fields
+    ):
         body = client.get("/v1/nodes", params={"cluster": cluster}, headers={**headers, **extra}).json()
         assert re.fullmatch(r"[0-9a-f]{32}", body["tracing"]["trace_id"]), body["tracing"]
         traces.add(body["tracing"]["trace_id"])
-    assert len(traces) == 3 and caller not in traces
+    assert len(traces) == 4 and caller not in traces
+    # A later version may carry more fields: its trace id is the caller's.
+    later = client.get(
+        "/v1/nodes",
+        params={"cluster": cluster},
+        headers={**headers, "traceparent": f"01-{caller}-00f067aa0ba902b7-01-more"},
+    )
+    assert later.json()["tracing"]["trace_id"] == caller
     # An answer refused before any route (a NUL in the query) is traced too.
     refused = client.get(
         "/v1/nodes?cluster=%00", headers={**headers, "traceparent": f"00-{caller}-00f067aa0ba902b7-01"}
@@ -470,6 +482,12 @@ def test_a_cluster_the_registry_no_longer_lists_has_no_gauges(served, tmp_path):
     assert unreadable["gpu_allocation_rate"] == {cluster, other}
     assert unreadable["lens_clusters_unregistered"] == {"0.0"}
     assert gauges(None)["lens_cluster_last_collected_timestamp_seconds"] == {cluster, other}
+
+    def broken_loader():
+        raise PermissionError("the registry cannot be read")
+
+    # /metrics answers whatever the loader raises, with every cluster.
+    assert gauges(broken_loader)["gpu_allocation_rate"] == {cluster, other}
 
 
 def test_openapi_describes_the_routes(served):
