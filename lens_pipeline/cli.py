@@ -177,13 +177,20 @@ def _doctor(args: argparse.Namespace) -> int:
     path = _registry_path(args, "doctor")
     if not path:
         return 2
-    findings = diagnose(load_registry(path), args.cluster, args.timeout)
+    registry = load_registry(path)
+    findings = diagnose(registry, args.cluster, args.timeout)
     print(render(findings))
     failed = sorted({f.cluster for f in findings if f.status == FAIL})
+    paused = (
+        f" ({len(registry.disabled)} disabled: {', '.join(sorted(registry.disabled))})"
+        if registry.disabled
+        else ""
+    )
     if failed:
-        print(f"\n{len(failed)} cluster(s) would have missing data: {', '.join(failed)}")
+        print(f"\n{len(failed)} cluster(s) would have missing data: {', '.join(failed)}{paused}")
         return 1
-    print(f"\nevery cluster ({len({f.cluster for f in findings})}) would be collected in full")
+    checked = {f.cluster for f in findings} - registry.disabled
+    print(f"\nevery enabled cluster ({len(checked)}) would be collected in full{paused}")
     return 0
 
 

@@ -36,7 +36,7 @@ def test_every_dialect_passes_with_nothing_configured_but_capacities_without_quo
         edit_registry(registry, capacities)
         code, out = _doctor(capsys, registry)
     assert code == 0, out
-    assert "FAIL" not in out and f"every cluster ({len(fleet)}) would be collected in full" in out
+    assert "FAIL" not in out and f"every enabled cluster ({len(fleet)}) would be collected in full" in out
     assert "(prefix 'amd_')" in out and "pod by 'exported_namespace'/'exported_pod'" in out
     assert "matched by 'instance'" in out and "node by 'hostname'" in out
 
