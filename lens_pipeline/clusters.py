@@ -423,12 +423,11 @@ def parse_registry(document: Any, base: Path, source: str = "<memory>") -> Regis
     return _build(entries, errors, base, source)
 
 
-# The fields that say how to reach an API server: an explicit entry that gives one of the first three
-# brings its own, and none of the directory's.
-_CONNECTION_FIELDS = (
-    "kubeconfig",
-    "in_cluster",
-    "server",
+# The ways to reach an API server (exactly one per entry), and every field that says how: an explicit
+# entry that gives one of the ways brings its own fields, and none of the directory's.
+CONNECTION_METHODS = ("kubeconfig", "in_cluster", "server")
+CONNECTION_FIELDS = (
+    *CONNECTION_METHODS,
     "context",
     "token",
     "token_file",
@@ -448,8 +447,8 @@ def _refined(found: dict[str, Any] | None, explicit: dict[str, Any]) -> dict[str
     `enabled`...); one that names its own way to the API server keeps none of the directory's."""
     if found is None:
         return explicit
-    if any(explicit.get(key) for key in _CONNECTION_FIELDS[:3]):
-        found = {k: v for k, v in found.items() if k not in _CONNECTION_FIELDS}
+    if any(explicit.get(key) for key in CONNECTION_METHODS):
+        found = {k: v for k, v in found.items() if k not in CONNECTION_FIELDS}
     return {**found, **explicit}
 
 

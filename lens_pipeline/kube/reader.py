@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 import urllib3
 
-from lens_pipeline.clusters import ClusterConfig, api_server_proxy, proxy_problem
+from lens_pipeline.clusters import CONNECTION_FIELDS, ClusterConfig, api_server_proxy, proxy_problem
 from lens_pipeline.memory import paused_gc
 from lens_pipeline.retry import KUBE_REQUEST, KUBE_RETRIES
 
@@ -72,27 +72,7 @@ CACHE_WAIT_SECONDS = 60.0
 
 # The fields of a registry entry that decide how its API server is reached and what it answers;
 # the others (its Prometheus, its exporters' settings) have no bearing on the objects listed.
-KUBE_FIELDS = frozenset(
-    {
-        "name",
-        "kubeconfig",
-        "context",
-        "in_cluster",
-        "server",
-        "token",
-        "token_file",
-        "ca_file",
-        "ca_data",
-        "cert_data",
-        "key_data",
-        "cert_file",
-        "key_file",
-        "tls_server_name",
-        "insecure_skip_tls_verify",
-        "proxy_url",
-        "request_timeout_seconds",
-    }
-)
+KUBE_FIELDS = frozenset({"name", *CONNECTION_FIELDS, "proxy_url", "request_timeout_seconds"})
 
 
 def entry_digest(cluster: ClusterConfig) -> str:
