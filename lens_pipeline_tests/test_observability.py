@@ -296,13 +296,16 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
                 f"http://127.0.0.1:{http_port}/v1/container-events", data=b"{not json"
             )
             assert _get_request(refused) == 400
-            # lens api writes a JSON line per request to its standard output.
-            lines = [
-                json.loads(x) for x in (tmp_path / "api.log").read_text().splitlines() if x.startswith("{")
-            ]
-            assert {(x["path"], x["status"]) for x in lines} >= {("/v1/nodes", 200), ("/v1/nodes", 404)}, (
-                lines
-            )
+            # lens api writes a JSON line per request to its standard output (once the answer is
+            # sent: the last line may come a moment after its answer).
+            deadline = time.monotonic() + 10
+            while True:
+                text = (tmp_path / "api.log").read_text()
+                lines = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
+                if {(x["path"], x["status"]) for x in lines} >= {("/v1/nodes", 200), ("/v1/nodes", 404)}:
+                    break
+                assert time.monotonic() < deadline, lines
+                time.sleep(0.1)
 
             config = {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
