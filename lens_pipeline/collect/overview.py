@@ -76,14 +76,15 @@ def readable_nodes(rows: Iterable[Mapping[str, Any]]) -> tuple[list[dict[str, An
 
 def is_faulty(node: Mapping[str, Any]) -> bool:
     """A GPU node is faulty when it is not Ready, reports no GPUs, or carries a blocking taint that
-    GPU pods do not tolerate (any but the GPU resource's own)."""
+    GPU pods do not tolerate: any but the GPU resource's own NoSchedule (the toleration that
+    ExtendedResourceToleration adds is for NoSchedule only; a NoExecute one keeps them off)."""
     if node.get("status") != "Ready" or not node.get("gpu_count"):
         return True
     taints = (node.get("taints") or {}).get("taints") or []
     return any(
         isinstance(t, Mapping)
         and t.get("effect") in BLOCKING_EFFECTS
-        and t.get("key") not in DEDICATION_TAINT_KEYS
+        and not (t.get("effect") == "NoSchedule" and t.get("key") in DEDICATION_TAINT_KEYS)
         for t in taints
     )
 

@@ -537,7 +537,8 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
         if n["status"] != "Ready"
         or n["gpu_count"] == 0
         or any(
-            t.get("effect") in BLOCKING_EFFECTS and t.get("key") not in GPU_TAINT_KEYS
+            t.get("effect") in BLOCKING_EFFECTS
+            and not (t.get("effect") == "NoSchedule" and t.get("key") in GPU_TAINT_KEYS)
             for t in (n["taints"] or {}).get("taints", [])
         )
     ]

@@ -429,9 +429,11 @@ class ClusterState:
         spec = node.get("spec") or {}
         if spec.get("unschedulable") or node_ready_status(node) != "Ready":
             return False
-        # GPU pods tolerate the vendor's taint; every other NoSchedule/NoExecute taint keeps them off.
+        # GPU pods tolerate the vendor's NoSchedule taint (their toleration is for NoSchedule); every
+        # other NoSchedule/NoExecute taint keeps them off.
         return not any(
-            taint.get("effect") in ("NoSchedule", "NoExecute") and taint.get("key") != self.profile.taint_key
+            taint.get("effect") in ("NoSchedule", "NoExecute")
+            and not (taint.get("effect") == "NoSchedule" and taint.get("key") == self.profile.taint_key)
             for taint in spec.get("taints") or []
         )
 

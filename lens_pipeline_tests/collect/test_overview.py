@@ -56,7 +56,9 @@ def test_a_gpu_node_is_faulty_for_taints_gpu_pods_do_not_tolerate():
 
     assert not is_faulty(node())
     assert not is_faulty(node(("nvidia.com/gpu", "NoSchedule")))
-    assert not is_faulty(node(("amd.com/gpu", "NoExecute")))
+    assert not is_faulty(node(("amd.com/gpu", "NoSchedule")))
+    # The toleration Kubernetes adds for the resource's taint is for NoSchedule: NoExecute evicts.
+    assert is_faulty(node(("amd.com/gpu", "NoExecute")))
     assert not is_faulty(node(("example.com/maintenance", "PreferNoSchedule")))
     assert is_faulty(node(("node.kubernetes.io/unschedulable", "NoSchedule")))
     assert is_faulty(node(("nvidia.com/gpu", "NoSchedule"), ("example.com/maintenance", "NoExecute")))
