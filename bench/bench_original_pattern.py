@@ -15,11 +15,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from lens_pipeline.vendors import GpuResources, gpu_resources
+
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_collectors import requests_seen, start_simulator
 
 
-def original_pattern(cluster_config, resources: tuple[str, ...]) -> int:
+def original_pattern(cluster_config, resources: GpuResources) -> int:
     """Reads what the original read for nodes, pods and owner chains, one object at a time."""
     from lens_pipeline.collect.objects import KindRef, owner_ref
     from lens_pipeline.collect.owners import plurals_from_discovery
@@ -82,7 +84,7 @@ def main() -> int:
         config = registry.cluster(cluster["name"])
         requests_seen(cluster["base"], reset=True)
         started = time.perf_counter()
-        gpu_pod_count = original_pattern(config, ("amd.com/gpu",))
+        gpu_pod_count = original_pattern(config, gpu_resources("amd"))
         theirs_seconds = time.perf_counter() - started
         theirs = sum(n for p, n in requests_seen(cluster["base"]).items() if "/prometheus/" not in p)
 

@@ -10,9 +10,10 @@ the metric and label names it holds and the registry's overrides.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import cache, lru_cache, partial
 
 # Labels that a scrape config commonly adds to name the node a target runs on: Prometheus'
 # Kubernetes discovery relabelled (`node`, `kubernetes_node`, `nodename`) or the original's vmagent
@@ -27,7 +28,7 @@ EXPORTED_PREFIX = "exported_"
 @dataclass(frozen=True)
 class VendorProfile:
     name: str
-    resource: str  # extended resource the device plugin advertises
+    resource: str  # extended resource the device plugin advertises for a whole GPU
     product_label: str  # node label naming the GPU model
     driver_version_labels: tuple[str, ...]  # node labels carrying the driver version, first found wins
     # Exporter metrics (AMD device-metrics-exporter, NVIDIA dcgm-exporter).
@@ -60,6 +61,16 @@ class VendorProfile:
     figure_fallbacks: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # The metric prefix this cluster's exporter was configured with ('' as shipped).
     metric_prefix: str = ""
+    # Every extended resource whose units are this vendor's GPUs, as the device plugin names them
+    # (a regular expression matched in full): `resource`, and the slices, partitions and shares
+    # some of its strategies advertise instead. Each unit counts as one GPU, as the scheduler
+    # counts it, whatever its size. `units_described` says the same to a person.
+    units_pattern: str = ""
+    units_described: str = ""
+
+    def counts_as_gpus(self, resource: str) -> bool:
+        """Whether `resource`'s units are this vendor's GPUs."""
+        return resource == self.resource or _full_match(self.units_pattern, resource)
 
     def measured(self, selector: str) -> str:
         """`selector`'s utilization series that hold a percentage: a GPU whose exporter reports NaN
@@ -193,6 +204,12 @@ AMD = VendorProfile(
         "temperature": ("gpu_edge_temperature",),
         "power": ("gpu_average_package_power", "gpu_power_usage"),
     },
+    # ROCm's k8s-device-plugin with `-resource_naming_strategy mixed` advertises a partitioned GPU's
+    # partitions as `amd.com/<compute partition>_<memory partition>`, lower case (`amd.com/cpx_nps4`,
+    # `amd.com/spx_nps1`: cmd/k8s-device-plugin/main.go, getResourceList); `single` advertises them
+    # as `amd.com/gpu`. device-metrics-exporter reports each partition as a GPU of its own.
+    units_pattern=r"amd\.com/(?:spx|dpx|tpx|qpx|cpx)_nps[0-9]+",
+    units_described="amd.com/gpu, amd.com/<spx|dpx|tpx|qpx|cpx>_nps<N>",
 )
 
 NVIDIA = VendorProfile(
@@ -221,6 +238,13 @@ NVIDIA = VendorProfile(
         "vram_free": "DCGM_FI_DEV_FB_FREE",
         "vram_reserved": "DCGM_FI_DEV_FB_RESERVED",
     },
+    # NVIDIA's k8s-device-plugin (internal/rm/rm.go, api/config/v1): MIG's `mixed` strategy advertises
+    # each MIG profile as `nvidia.com/mig-<profile>` with `+` written `.` (`mig-1g.10gb`,
+    # `mig-1g.10gb.me`, `mig-1g.10gb-me`); time-slicing and MPS with `renameByDefault` add `.shared`
+    # (`nvidia.com/gpu.shared`, `nvidia.com/mig-1g.10gb.shared`). `single` and unrenamed sharing
+    # keep `nvidia.com/gpu`. The plugin refuses any other name (DisableResourceNamingInConfig).
+    units_pattern=r"nvidia\.com/(?:gpu\.shared|mig-[0-9]+g\.[0-9]+gb[a-z0-9.+-]*)",
+    units_described="nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-<profile>[.shared]",
 )
 
 PROFILES: dict[str, VendorProfile] = {p.name: p for p in (AMD, NVIDIA)}
@@ -246,9 +270,46 @@ OPTIONAL_FIGURES = frozenset({"vram_reserved"})
 VENDOR_CHOICES = (*PROFILES, "auto")
 
 
-def gpu_resources(vendor: str) -> tuple[str, ...]:
-    """The extended resources a pod of a cluster of `vendor` holds GPUs as (`amd.com/gpu`, ...)."""
-    return tuple(p.resource for p in profiles_for(vendor))
+@lru_cache(maxsize=4096)
+def _full_match(pattern: str, text: str) -> bool:
+    # Memoized: the same few resource names (cpu, memory, the GPU's) come by on every container.
+    return bool(pattern) and re.fullmatch(pattern, text) is not None
+
+
+class GpuResources:
+    """Which extended resources hold GPUs, and whose, for a cluster's registry vendor: what nodes'
+    capacity and pods' requests are read for."""
+
+    __slots__ = ("_vendor_of", "profiles")
+
+    def __init__(self, profiles: Sequence[VendorProfile]) -> None:
+        self.profiles = tuple(profiles)
+        self._vendor_of: dict[str, str | None] = {}
+
+    def vendor_of(self, resource: str) -> str | None:
+        """The name of the vendor whose GPUs `resource` counts, or None for any other resource."""
+        try:
+            return self._vendor_of[resource]
+        except KeyError:
+            found = next((p.name for p in self.profiles if p.counts_as_gpus(resource)), None)
+            if len(self._vendor_of) < 4096:  # names come from objects: keep the memo bounded
+                self._vendor_of[resource] = found
+            return found
+
+    def units(self, quantities: Mapping[str, object], vendor: str) -> list[tuple[str, object]]:
+        """The (resource, quantity) pairs of `quantities` (a capacity, requests or limits) that are
+        `vendor`'s GPUs."""
+        return [(r, q) for r, q in quantities.items() if self.vendor_of(r) == vendor]
+
+    def __str__(self) -> str:
+        return ", ".join(p.units_described or p.resource for p in self.profiles)
+
+
+@cache
+def gpu_resources(vendor: str) -> GpuResources:
+    """The extended resources a pod or node of a cluster of `vendor` holds GPUs as (`amd.com/gpu`,
+    its partitions, ...)."""
+    return GpuResources(profiles_for(vendor))
 
 
 def profiles_for(vendor: str) -> tuple[VendorProfile, ...]:

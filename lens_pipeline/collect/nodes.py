@@ -34,11 +34,12 @@ def project_node(node: dict) -> dict:
 
 
 def node_profile(node: dict, profiles: Iterable[VendorProfile]) -> VendorProfile | None:
-    """The vendor whose GPUs the node has: its capacity advertises the resource or it has the product label."""
+    """The vendor whose GPUs the node has: its capacity advertises one of the vendor's GPU resources
+    (whole GPUs, MIG instances, partitions, shares) or it has the product label."""
     capacity = mapping(node, "status", "capacity")
     labels = mapping(node, "metadata", "labels")
     for profile in profiles:
-        if profile.resource in capacity or profile.product_label in labels:
+        if profile.product_label in labels or any(profile.counts_as_gpus(r) for r in capacity):
             return profile
     return None
 
@@ -46,7 +47,22 @@ def node_profile(node: dict, profiles: Iterable[VendorProfile]) -> VendorProfile
 def has_gpus(node: dict, profiles: Iterable[VendorProfile]) -> bool:
     """Whether the node advertises GPUs of one of the vendors (a capacity above zero)."""
     capacity = mapping(node, "status", "capacity")
-    return any(str(capacity.get(p.resource, "0")) not in ("", "0") for p in profiles)
+    return any(
+        str(quantity) not in ("", "0") and p.counts_as_gpus(r)
+        for r, quantity in capacity.items()
+        for p in profiles
+    )
+
+
+def node_gpu_count(capacity: Mapping[str, object], profile: VendorProfile) -> int:
+    """The GPUs a node's capacity advertises: the units of every resource of the vendor's, one GPU
+    each (a node of MIG instances in the `mixed` strategy, or of AMD partitions, advertises several
+    resources, and may keep whole GPUs beside them)."""
+    return sum(
+        whole_units(quantity, f"status.capacity[{resource!r}]", integer=True)
+        for resource, quantity in capacity.items()
+        if profile.counts_as_gpus(resource)
+    )
 
 
 def ready_status(node: dict) -> str:
@@ -109,9 +125,7 @@ def node_row(
         "address": node_address(node),
         "gpu_name": str(gpu_name),
         "gpu_allocation": allocated,
-        "gpu_count": whole_units(
-            capacity.get(profile.resource, 0), f"status.capacity[{profile.resource!r}]", integer=True
-        ),
+        "gpu_count": node_gpu_count(capacity, profile),
         "gpu_utilization": utilization,
         "status": state,
         "k8s_status": state,
@@ -156,7 +170,7 @@ def gpu_node_rows(
                 node_row(
                     node,
                     profile,
-                    allocated=allocated.get((name, profile.resource), 0),
+                    allocated=allocated.get((name, profile.name), 0),
                     utilization=utilization.get(name),
                 )
             )

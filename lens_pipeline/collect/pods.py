@@ -12,6 +12,7 @@ from lens_pipeline.collect.owners import SAFE_WORKLOAD_LABEL
 from lens_pipeline.collect.problems import MalformedObject, Problem, mapping, object_name, text_without_nul
 from lens_pipeline.collect.quantity import INT32_MAX, bounded_count, whole_units
 from lens_pipeline.collect.times import parse_time
+from lens_pipeline.vendors import GpuResources
 
 # Phases in which a bound pod holds its devices, as the scheduler counts them.
 HOLDING_PHASES = frozenset({"Pending", "Running"})
@@ -21,24 +22,31 @@ Row = dict[str, Any]
 _EMPTY: dict = {}  # read only
 
 
-def container_gpus(container: object, resource: str) -> int:
-    """A container's GPU request; extended resources default their request to the limit."""
+def container_gpus(container: object, resources: GpuResources, vendor: str) -> dict[str, int]:
+    """A container's requests of `vendor`'s GPU resources (usually one: `amd.com/gpu`, or MIG
+    instances of several profiles); extended resources default their request to the limit."""
     if not isinstance(container, dict):
         raise MalformedObject("a container is not an object")
     # Every container of every pod passes here each run: plain dicts skip `mapping`'s checks.
-    resources = container.get("resources")
-    if resources.__class__ is not dict:
-        resources = _EMPTY if resources is None else mapping(container, "resources")
-    requests = resources.get("requests")
+    requested = container.get("resources")
+    if requested.__class__ is not dict:
+        requested = _EMPTY if requested is None else mapping(container, "resources")
+    requests = requested.get("requests")
     if requests.__class__ is not dict:
-        requests = _EMPTY if requests is None else mapping(resources, "requests")
-    limits = resources.get("limits")
+        requests = _EMPTY if requests is None else mapping(requested, "requests")
+    limits = requested.get("limits")
     if limits.__class__ is not dict:
-        limits = _EMPTY if limits is None else mapping(resources, "limits")
-    value = requests.get(resource, limits.get(resource))
-    if value is None:
-        return 0
-    return whole_units(value, f"container {container.get('name')!r:.60} {resource}", integer=True)
+        limits = _EMPTY if limits is None else mapping(requested, "limits")
+    found: dict[str, int] = {}
+    vendor_of = resources.vendor_of
+    for quantities in (requests, limits):
+        for resource in quantities:
+            if resource not in found and vendor_of(resource) == vendor:
+                value = requests.get(resource, limits.get(resource))
+                found[resource] = whole_units(
+                    value, f"container {container.get('name')!r:.60} {resource}", integer=True
+                )
+    return found
 
 
 def _containers(spec: dict, field: str) -> list:
@@ -48,12 +56,35 @@ def _containers(spec: dict, field: str) -> list:
     return containers
 
 
-def pod_gpus(pod: dict, resource: str) -> int:
-    """The GPUs a pod takes: max(sum over containers, largest init container), as the scheduler counts."""
+def pod_gpus(pod: dict, resources: GpuResources, vendor: str) -> int:
+    """The GPUs of `vendor` a pod takes: per resource, max(sum over containers, largest init
+    container), as the scheduler counts; summed over the vendor's resources (a pod may hold MIG
+    instances of two profiles), one GPU per unit."""
     spec = mapping(pod, "spec")
-    app = sum(container_gpus(c, resource) for c in _containers(spec, "containers"))
-    init = max((container_gpus(c, resource) for c in _containers(spec, "initContainers")), default=0)
-    return bounded_count(max(app, init), f"the pod's {resource} (sum over its containers)")
+    app: dict[str, int] = {}
+    for container in _containers(spec, "containers"):
+        for resource, count in container_gpus(container, resources, vendor).items():
+            app[resource] = app.get(resource, 0) + count
+    init: dict[str, int] = {}
+    for container in _containers(spec, "initContainers"):
+        for resource, count in container_gpus(container, resources, vendor).items():
+            init[resource] = max(init.get(resource, 0), count)
+    total = 0
+    for resource in app.keys() | init.keys():
+        total += bounded_count(
+            max(app.get(resource, 0), init.get(resource, 0)),
+            f"the pod's {resource} (sum over its containers)",
+        )
+    return bounded_count(total, f"the pod's {vendor} GPUs (sum over its GPU resources)")
+
+
+def held_gpus(pod: dict, resources: GpuResources) -> tuple[str, int] | None:
+    """(vendor, GPUs) of the first of the cluster's vendors whose GPUs the pod takes, or None."""
+    for profile in resources.profiles:
+        gpus = pod_gpus(pod, resources, profile.name)
+        if gpus > 0:
+            return profile.name, gpus
+    return None
 
 
 class GpuPod:
@@ -74,13 +105,13 @@ class GpuPod:
         "owner",
         "owner_problem",
         "phase",
-        "resource",
         "safe_workload",
         "uid",
+        "vendor",
     )
 
     def __init__(
-        self, metadata: dict, spec: dict, status: dict, resource: str, gpus: int, obj: dict | None
+        self, metadata: dict, spec: dict, status: dict, vendor: str, gpus: int, obj: dict | None
     ) -> None:
         self.uid: str = metadata["uid"]
         self.namespace: str = metadata["namespace"]
@@ -89,7 +120,7 @@ class GpuPod:
         self.phase: str = status.get("phase") or ""
         self.ip: str = str(status.get("podIP") or "")
         self.deleting = bool(metadata.get("deletionTimestamp"))
-        self.resource, self.gpus = resource, gpus
+        self.vendor, self.gpus = vendor, gpus
         self.owner: OwnerRef | None = None
         self.owner_problem: str | None = None
         try:
@@ -140,7 +171,7 @@ def _slim_status(status: dict) -> dict:
 
 
 def project_gpu_pod(
-    pod: object, resources: tuple[str, ...], known: Mapping[str, tuple[str, int]] | None = None
+    pod: object, resources: GpuResources, known: Mapping[str, tuple[str, int]] | None = None
 ) -> GpuPod | Problem | None:
     """Cut a Pod down to a `GpuPod` (None when it asks for no GPU of these resources).
 
@@ -163,27 +194,27 @@ def project_gpu_pod(
         return Problem("Pod", object_name(pod), str(exc))
 
 
-def _unchanged_pod(pod: dict, metadata: dict, resources: tuple[str, ...], gpus: int) -> GpuPod | None:
-    if len(resources) == 1:  # the one vendor's GPUs, as many as when its rows were built
-        found: tuple[str, int] | None = (resources[0], gpus)
+def _unchanged_pod(pod: dict, metadata: dict, resources: GpuResources, gpus: int) -> GpuPod | None:
+    if len(resources.profiles) == 1:  # the one vendor's GPUs, as many as when its rows were built
+        found: tuple[str, int] | None = (resources.profiles[0].name, gpus)
     else:
-        found = next(((r, n) for r in resources if (n := pod_gpus(pod, r)) > 0), None)
+        found = held_gpus(pod, resources)
     if found is None:
         return None
     return GpuPod(metadata, pod["spec"], pod.get("status") or {}, found[0], found[1], None)
 
 
-def _project(pod: object, resources: tuple[str, ...]) -> GpuPod | None:
+def _project(pod: object, resources: GpuResources) -> GpuPod | None:
     if not isinstance(pod, dict):
         raise MalformedObject("item is not an object")
     metadata = mapping(pod, "metadata", required=True)
     spec = mapping(pod, "spec", required=True)
     status = mapping(pod, "status")
     # A GPU pod asks for more than zero GPUs in a container or init container (requests or limits).
-    found = next(((r, n) for r in resources if (n := pod_gpus(pod, r)) > 0), None)
+    found = held_gpus(pod, resources)
     if found is None:
         return None
-    resource, gpus = found
+    vendor, gpus = found
     for field in ("name", "namespace", "uid"):
         if not isinstance(metadata.get(field), str) or not metadata[field]:
             raise MalformedObject(f"missing metadata.{field}")
@@ -204,7 +235,7 @@ def _project(pod: object, resources: tuple[str, ...]) -> GpuPod | None:
         if kind is str and value and "\x00" in value:
             raise MalformedObject(f"{path} contains a NUL character")
     slim = _slim(metadata, spec, status)
-    return GpuPod(slim["metadata"], slim["spec"], slim["status"], resource, gpus, slim)
+    return GpuPod(slim["metadata"], slim["spec"], slim["status"], vendor, gpus, slim)
 
 
 def _slim(metadata: dict, spec: dict, status: dict) -> dict:
@@ -249,11 +280,11 @@ def slim_pod(pod: Any) -> Any:
 
 
 def allocation_by_node(pods: Iterable[GpuPod]) -> dict[tuple[str, str], int]:
-    """GPUs held per (node, resource): a node counts only its own vendor's resource."""
+    """GPUs held per (node, vendor): a node counts only its own vendor's GPUs."""
     allocated: dict[tuple[str, str], int] = {}
     for pod in pods:
         if pod.holds_gpus:
-            key = (pod.node_name, pod.resource)
+            key = (pod.node_name, pod.vendor)
             allocated[key] = allocated.get(key, 0) + pod.gpus
     return allocated
 

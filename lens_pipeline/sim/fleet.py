@@ -89,6 +89,7 @@ class SimCluster:
         history: bool = False,
         managed_fields: bool = True,
         epoch: float = GENERATION_EPOCH,
+        gpu_resource: str | None = None,
     ) -> None:
         """`nodes` GPU nodes and `cpu_nodes` CPU nodes; workloads until there are `pods_per_node`
         workload pods per GPU node, or `pods` pods in all (DaemonSet pods included) when given.
@@ -96,12 +97,20 @@ class SimCluster:
         cluster was then (`lens_pipeline.sim.history`). Without `managed_fields`, objects lack the
         `metadata.managedFields` kube-apiserver writes (`lens_pipeline.sim.managed`). The objects are
         made as they stand at `epoch` (unix seconds; by default a fixed instant, so that a seed gives
-        byte-identical objects), each made, started or ended up to weeks or months before it."""
+        byte-identical objects), each made, started or ended up to weeks or months before it.
+        `gpu_resource` is the extended resource its GPUs are advertised and requested as, when not
+        the vendor's whole-GPU one: a MIG profile of the `mixed` strategy (`nvidia.com/mig-3g.40gb`),
+        AMD partitions (`amd.com/cpx_nps4`), a renamed share (`nvidia.com/gpu.shared`); each unit is
+        one device of the node, as the exporters then report them."""
         if vendor not in VENDORS:
             raise ValueError(f"cluster {name!r}: vendor must be one of {sorted(VENDORS)}, got {vendor!r}")
         self.name = name
         self.vendor = vendor
         self.profile = VENDORS[vendor]
+        if gpu_resource is not None:
+            if not self.profile.counts_as_gpus(gpu_resource):
+                raise ValueError(f"cluster {name!r}: {gpu_resource!r} is not a {vendor} GPU resource")
+            self.profile = replace(self.profile, resource=gpu_resource)
         self.dialect = dialect
         self.seed = seed
         self.gpus_per_node = gpus_per_node
@@ -839,12 +848,15 @@ class SimFleet:
         vendor: str = "mixed",
         pods_per_node: float = 2.0,
         dialect: str = "shipped",
+        gpu_resources: Mapping[str, str] | None = None,
         **cluster_options: Any,
     ) -> SimFleet:
         """Clusters `sim-<vendor>-<i>`; "mixed" alternates amd and nvidia starting with amd. `nodes`
         is the GPU node count of every cluster, or a mix taken in turn (10, 100, 10, 100, ...).
         `dialect` names how every cluster's exporters speak, or `mixed`: each in turn (two clusters
-        in a row share one, so that a mixed-vendor fleet shows it on both vendors)."""
+        in a row share one, so that a mixed-vendor fleet shows it on both vendors). `gpu_resources`
+        maps a vendor to the resource its clusters' GPUs are advertised as (`SimCluster`'s
+        `gpu_resource`)."""
         if vendor not in (*VENDORS, "mixed"):
             raise ValueError(f"vendor must be one of {[*VENDORS, 'mixed']}, got {vendor!r}")
         mix = [nodes] if isinstance(nodes, int) else list(nodes)
@@ -861,6 +873,7 @@ class SimFleet:
                     seed,
                     pods_per_node,
                     dialect=dialect_for(dialect, i // 2, seed),
+                    gpu_resource=(gpu_resources or {}).get(cluster_vendor),
                     **cluster_options,
                 )
             )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from lens_pipeline.sim.kinds import BY_TYPE
 from lens_pipeline.sim.kubeobjects import stored_annotations
 from lens_pipeline.sim.objects import StoredObject
-from lens_pipeline.sim.vendors import VENDORS, SimVendor
+from lens_pipeline.sim.vendors import SimVendor
 
 if TYPE_CHECKING:
     from lens_pipeline.sim.fleet import SimCluster
@@ -61,6 +61,25 @@ def pod_uses_gpu(pod: Mapping[str, Any], resource: str) -> bool:
     return False
 
 
+def _pod_gpu_resources(pod: Mapping[str, Any], vendor: SimVendor) -> set[str]:
+    spec = pod.get("spec") or {}
+    names: set[str] = set()
+    for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
+        resources = container.get("resources") or {}
+        for section in ("requests", "limits"):
+            names.update(vendor.gpu_resources_in(resources.get(section) or {}))
+    return names
+
+
+def pod_gpu_units(pod: Mapping[str, Any], vendor: SimVendor) -> int:
+    """The pod's GPUs of every resource of the vendor (each counted as the scheduler counts it)."""
+    return sum(pod_gpu_request(pod, name) for name in _pod_gpu_resources(pod, vendor))
+
+
+def pod_uses_vendor_gpu(pod: Mapping[str, Any], vendor: SimVendor) -> bool:
+    return any(pod_uses_gpu(pod, name) for name in _pod_gpu_resources(pod, vendor))
+
+
 def controller_reference(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The ownerReference with controller: true, else the first one, else None."""
     references = (obj.get("metadata") or {}).get("ownerReferences") or []
@@ -75,7 +94,7 @@ def controller_uid(obj: Mapping[str, Any]) -> str:
 def is_gpu_node(node: Mapping[str, Any], vendor: SimVendor) -> bool:
     capacity = (node.get("status") or {}).get("capacity") or {}
     labels = (node.get("metadata") or {}).get("labels") or {}
-    return vendor.resource in capacity or vendor.product_label in labels
+    return bool(vendor.gpu_resources_in(capacity)) or vendor.product_label in labels
 
 
 def node_ready_status(node: Mapping[str, Any]) -> str:
@@ -110,7 +129,7 @@ def node_row(
         "name": metadata.get("name", ""),
         "address": _address(node),
         "gpu_name": labels.get(vendor.product_label, "Unknown"),
-        "gpu_count": _int_quantity(capacity.get(vendor.resource, 0)),
+        "gpu_count": sum(_int_quantity(capacity[r]) for r in vendor.gpu_resources_in(capacity)),
         "gpu_allocation": allocated,
         "gpu_utilization": statistics.fmean(utilization_samples) if utilization_samples else None,
         "status": ready,
@@ -129,10 +148,10 @@ def node_row(
     }
 
 
-def _count_allocation(pod: Mapping[str, Any], resource: str, allocated: dict[str, int]) -> None:
+def _count_allocation(pod: Mapping[str, Any], vendor: SimVendor, allocated: dict[str, int]) -> None:
     node_name = (pod.get("spec") or {}).get("nodeName")
     if node_name and (pod.get("status") or {}).get("phase") in ACTIVE_PHASES:
-        allocated[node_name] = allocated.get(node_name, 0) + pod_gpu_request(pod, resource)
+        allocated[node_name] = allocated.get(node_name, 0) + pod_gpu_units(pod, vendor)
 
 
 def node_rows(
@@ -157,7 +176,7 @@ def node_rows(
 # -- GPU pods ----------------------------------------------------------------------------------
 
 
-def pod_row(pod: Mapping[str, Any], resource: str) -> dict[str, Any]:
+def pod_row(pod: Mapping[str, Any], vendor: SimVendor) -> dict[str, Any]:
     metadata = pod["metadata"]
     status = pod.get("status") or {}
     deleted = "deletionTimestamp" in metadata
@@ -167,7 +186,7 @@ def pod_row(pod: Mapping[str, Any], resource: str) -> dict[str, Any]:
         "name": metadata["name"],
         "uid": metadata["uid"],
         "node_name": (pod.get("spec") or {}).get("nodeName") or "",
-        "gpu_allocated": pod_gpu_request(pod, resource),
+        "gpu_allocated": pod_gpu_units(pod, vendor),
         "phase": phase,
         "deleted": deleted,
         "running": not deleted and phase == "Running",
@@ -387,8 +406,7 @@ def _without_cyclic_gc() -> Iterator[None]:
 
 def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
     """The rows a correct pipeline has stored for the cluster's current state (schema in docs/SIMULATOR.md)."""
-    vendor = VENDORS[cluster.vendor]
-    resource = vendor.resource
+    vendor = cluster.profile  # the vendor's, with the resource the cluster's GPUs are advertised as
     # The exporters read the cluster, as the truth does (imported here: they import this module's kin).
     from lens_pipeline.sim.exporters import device_truth, overview_truth
 
@@ -402,9 +420,9 @@ def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
         # One pod parsed at a time: the truth of 150,000 pods must not hold them all as dicts.
         for entry in objects["pods"]:
             pod = entry.obj
-            _count_allocation(pod, resource, allocated)
-            if pod_uses_gpu(pod, resource):
-                row = pod_row(pod, resource)
+            _count_allocation(pod, vendor, allocated)
+            if pod_uses_vendor_gpu(pod, vendor):
+                row = pod_row(pod, vendor)
                 gpu_pods.append(row)
                 pod_links[row["uid"]] = _link(pod, entry)
         gpu_pods.sort(key=lambda row: (row["namespace"], row["name"]))

@@ -60,6 +60,37 @@ class SimVendor:
     exporter_namespace: str
     exporter_image: str
     workload_image: str
+    # Whether an extended resource's units are this vendor's GPUs besides `resource`: MIG instances,
+    # partitions and renamed shares, as the vendors' device plugins advertise them.
+    other_units: Callable[[str], bool] = lambda resource: False
+
+    def counts_as_gpus(self, resource: str) -> bool:
+        return resource == self.resource or self.other_units(resource)
+
+    def gpu_resources_in(self, quantities: object) -> list[str]:
+        """The names in a capacity, requests or limits that are this vendor's GPUs."""
+        return [r for r in quantities if self.counts_as_gpus(r)] if isinstance(quantities, dict) else []
+
+
+# ROCm's device plugin, `-resource_naming_strategy mixed`: `amd.com/<compute>_<memory partition>`.
+_AMD_COMPUTE_PARTITIONS = ("spx", "dpx", "tpx", "qpx", "cpx")
+
+
+def _amd_partition(resource: str) -> bool:
+    group, _, name = resource.partition("/")
+    compute, _, memory = name.partition("_")
+    return (
+        group == "amd.com"
+        and compute in _AMD_COMPUTE_PARTITIONS
+        and memory[:3] == "nps"
+        and memory[3:].isdigit()
+    )
+
+
+def _nvidia_slice_or_share(resource: str) -> bool:
+    """MIG instances of the `mixed` strategy (`nvidia.com/mig-1g.10gb`, `...me`, `....shared`) and
+    time-slicing's renamed share (`nvidia.com/gpu.shared`)."""
+    return resource == "nvidia.com/gpu.shared" or resource.startswith("nvidia.com/mig-")
 
 
 AMD_NODE_LABEL = "hostname"
@@ -135,6 +166,7 @@ AMD = SimVendor(
     exporter_namespace="kube-amd-gpu",
     exporter_image="docker.io/rocm/device-metrics-exporter:v1.2.0",
     workload_image="docker.io/rocm/pytorch:rocm6.2_ubuntu22.04_py3.10_pytorch_release_2.3.0",
+    other_units=_amd_partition,
 )
 
 NVIDIA = SimVendor(
@@ -165,6 +197,7 @@ NVIDIA = SimVendor(
     exporter_namespace="gpu-operator",
     exporter_image="nvcr.io/nvidia/k8s/dcgm-exporter:4.5.3-4.8.2-ubuntu22.04",
     workload_image="nvcr.io/nvidia/pytorch:24.05-py3",
+    other_units=_nvidia_slice_or_share,
 )
 
 VENDORS: dict[str, SimVendor] = {vendor.name: vendor for vendor in (AMD, NVIDIA)}

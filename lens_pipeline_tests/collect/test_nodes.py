@@ -9,7 +9,7 @@ import pytest
 from lens_pipeline.collect.nodes import gpu_node_rows, node_row, project_node
 from lens_pipeline.collect.pods import allocation_by_node, pod_gpus, pod_resource_row, project_gpu_pod
 from lens_pipeline.collect.problems import MalformedObject, Problem
-from lens_pipeline.vendors import AMD, NVIDIA, profiles_for
+from lens_pipeline.vendors import AMD, NVIDIA, gpu_resources, profiles_for
 
 AMD_NODE = {
     "apiVersion": "v1",
@@ -89,9 +89,7 @@ def test_nvidia_node_and_auto_vendor_detection():
     }
     node["status"]["capacity"] = {"nvidia.com/gpu": "8", "cpu": "127500m", "memory": "1Ti"}
     cpu_node = {"metadata": {"name": "cpu-1"}, "status": {"capacity": {"cpu": "4"}}}
-    rows, problems, _ = gpu_node_rows(
-        [node, cpu_node], profiles_for("auto"), {("gpu-1", "nvidia.com/gpu"): 3}, {}
-    )
+    rows, problems, _ = gpu_node_rows([node, cpu_node], profiles_for("auto"), {("gpu-1", "nvidia"): 3}, {})
     assert problems == [] and len(rows) == 1
     assert rows[0]["gpu_name"] == "NVIDIA-H100-80GB-HBM3" and rows[0]["gpu_count"] == 8
     assert (
@@ -160,21 +158,26 @@ def _container(requests=None, limits=None):
 
 
 def test_pod_gpus_counts_as_the_scheduler_does():
-    r = "amd.com/gpu"
-    assert pod_gpus(_pod([_container({r: "2"}), _container(limits={r: "3"})]), r) == 5
-    assert pod_gpus(_pod([_container({r: "1"})], init=[_container({r: "4"}), _container({r: "2"})]), r) == 4
-    assert pod_gpus(_pod([_container({"cpu": "1"})]), r) == 0
+    r, amd = "amd.com/gpu", gpu_resources("amd")
+    assert pod_gpus(_pod([_container({r: "2"}), _container(limits={r: "3"})]), amd, "amd") == 5
+    assert (
+        pod_gpus(_pod([_container({r: "1"})], init=[_container({r: "4"}), _container({r: "2"})]), amd, "amd")
+        == 4
+    )
+    assert pod_gpus(_pod([_container({"cpu": "1"})]), amd, "amd") == 0
+    # A request wins over its limit; a limit alone is the request.
+    assert pod_gpus(_pod([_container({r: "1"}, limits={r: "2"})]), amd, "amd") == 1
 
 
 def test_only_bound_pending_or_running_pods_hold_gpus():
-    r = ("amd.com/gpu",)
+    r, amd = "amd.com/gpu", gpu_resources("amd")
     held = [
-        project_gpu_pod(_pod([_container({r[0]: "2"})], phase=phase, node=node), r)
+        project_gpu_pod(_pod([_container({r: "2"})], phase=phase, node=node), amd)
         for phase, node in (("Running", "a"), ("Pending", "a"), ("Succeeded", "a"), ("Running", None))
     ]
-    assert allocation_by_node(held) == {("a", r[0]): 4}
-    assert project_gpu_pod(_pod([_container({"cpu": "2"})]), r) is None
-    bad = project_gpu_pod(_pod([_container({r[0]: "lots"})]), r)
+    assert allocation_by_node(held) == {("a", "amd"): 4}
+    assert project_gpu_pod(_pod([_container({"cpu": "2"})]), amd) is None
+    bad = project_gpu_pod(_pod([_container({r: "lots"})]), amd)
     assert isinstance(bad, Problem) and bad.name == "ns/p"
 
 
@@ -197,7 +200,7 @@ def _timed_pod(phase, node, conditions=(), start=None, finished=None, deleted=No
         pod["status"]["containerStatuses"] = [
             {"name": "c", "state": {"terminated": {"finishedAt": finished}}}
         ]
-    return project_gpu_pod(pod, ("amd.com/gpu",))
+    return project_gpu_pod(pod, gpu_resources("amd"))
 
 
 def test_gpus_are_held_from_binding_to_the_end_not_from_creation():

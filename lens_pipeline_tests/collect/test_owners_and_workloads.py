@@ -9,6 +9,7 @@ from lens_pipeline.collect.owners import parent_uid, plurals_from_discovery, res
 from lens_pipeline.collect.pods import GpuPod, project_gpu_pod
 from lens_pipeline.collect.problems import MalformedObject
 from lens_pipeline.collect.workloads import workload_row, workload_status
+from lens_pipeline.vendors import gpu_resources
 
 RS = KindRef("apps/v1", "ReplicaSet")
 DEPLOY = KindRef("apps/v1", "Deployment")
@@ -51,7 +52,7 @@ def pod(
         "containers": [{"name": "c", "resources": {"limits": {"amd.com/gpu": str(gpus)}}}],
     }
     raw["status"] = {"phase": phase}
-    projected = project_gpu_pod(raw, ("amd.com/gpu",))
+    projected = project_gpu_pod(raw, gpu_resources("amd"))
     assert isinstance(projected, GpuPod)
     return projected
 

@@ -13,8 +13,9 @@ import pytest
 from lens_pipeline.collect.pods import GpuPod, project_gpu_pod, slim_pod
 from lens_pipeline.collect.problems import Problem
 from lens_pipeline.sim import SimFleet
+from lens_pipeline.vendors import gpu_resources
 
-RESOURCES = (("amd.com/gpu",), ("nvidia.com/gpu",), ("amd.com/gpu", "nvidia.com/gpu"))
+RESOURCES = (gpu_resources("amd"), gpu_resources("nvidia"), gpu_resources("auto"))
 
 
 def _seen(projected: GpuPod | Problem | None) -> Any:

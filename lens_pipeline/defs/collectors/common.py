@@ -52,7 +52,7 @@ from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.retry import OP_RETRIES, OP_RETRY_DELAY
 from lens_pipeline.store.pods import StoredPods, stored_pods
-from lens_pipeline.vendors import Dialect, gpu_resources, shipped_dialect
+from lens_pipeline.vendors import Dialect, GpuResources, gpu_resources, shipped_dialect
 
 # The step's retries, from the one table of retries (lens_pipeline.retry).
 COLLECTOR_RETRY = RetryPolicy(
@@ -97,7 +97,7 @@ def rows_version() -> str:
     return digest.hexdigest()[:16]
 
 
-def rows_built_by(unreadable: Collection[str], gpu_resources: Sequence[str]) -> str:
+def rows_built_by(unreadable: Collection[str], gpu_resources: GpuResources) -> str:
     """What a `gpu_pods` / `gpu_workloads` materialization records as `rows_built_by`: this code's
     `rows_version` and the GPU resources the cluster's pods were read for, when every object was
     readable. An unreadable object keeps its stored row as it was, built by whatever code built
@@ -109,10 +109,10 @@ def rows_built_by(unreadable: Collection[str], gpu_resources: Sequence[str]) -> 
     return _built_by(gpu_resources)
 
 
-def _built_by(gpu_resources: Sequence[str]) -> str:
-    # The resources are part of it: a pod's GPUs are counted in the resource of the cluster's vendor,
-    # so rows built for another vendor (the registry's entry corrected) say nothing of this one's.
-    return f"{rows_version()} for {', '.join(gpu_resources)}"
+def _built_by(gpu_resources: GpuResources) -> str:
+    # The resources are part of it: a pod's GPUs are counted in the resources of the cluster's
+    # vendor, so rows built for another vendor (the registry's entry corrected) say nothing of this one's.
+    return f"{rows_version()} for {gpu_resources}"
 
 
 class StatisticsConfig(Config):
@@ -283,7 +283,7 @@ class ClusterTurn:
         return recorded is not None and recorded.value == _built_by(self.gpu_resources)
 
     @property
-    def gpu_resources(self) -> tuple[str, ...]:
+    def gpu_resources(self) -> GpuResources:
         """The resources the cluster's pods are read for (`ClusterSnapshot` reads them so too)."""
         return gpu_resources(self.cluster.vendor)
 
