@@ -67,7 +67,7 @@ def _temperature(util: float, index: int) -> float:
 
 
 def _power(vendor: SimVendor, util: float) -> float:
-    idle, per_percent = (140.0, 6.0) if vendor is AMD else (70.0, 6.2)
+    idle, per_percent = (140.0, 6.0) if vendor.name == AMD.name else (70.0, 6.2)
     return round(idle + per_percent * util, 1)
 
 
@@ -237,7 +237,7 @@ def _build(cluster: SimCluster, at: float | None = None) -> dict[Target, list[Sa
 
 
 def _gpu_metric_names(vendor: SimVendor) -> frozenset[str]:
-    return frozenset({vendor.util_metric, *(AMD_FAMILIES if vendor is AMD else NVIDIA_FAMILIES)})
+    return frozenset({vendor.util_metric, *(AMD_FAMILIES if vendor.name == AMD.name else NVIDIA_FAMILIES)})
 
 
 def exposed(
@@ -250,7 +250,7 @@ def exposed(
     vendor, dialect = cluster.profile, dialect or cluster.dialect
     if target.job != vendor.exporter_job or samples[:1] == [("up", {}, 1.0)]:
         return samples
-    amd = vendor is AMD
+    amd = vendor.name == AMD.name
     prefix = dialect.metric_prefix if amd else ""
     renamed = {
         **({vendor.node_label: "hostname"} if dialect.lowercase_hostname and not amd else {}),
@@ -289,7 +289,7 @@ def target_labels(
 
 
 def _index_label(vendor: SimVendor) -> str:
-    return "gpu_id" if vendor is AMD else "gpu"
+    return "gpu_id" if vendor.name == AMD.name else "gpu"
 
 
 def _gpu_samples(
@@ -304,7 +304,7 @@ def _gpu_samples(
         used = _vram_used(total, basis, busy)
         reserved = reserved_mib
         samples.append((vendor.util_metric, labels, util))
-        if vendor is AMD:
+        if vendor.name == AMD.name:
             figures = {
                 "gpu_junction_temperature": _temperature(basis, index),
                 "gpu_package_power": _power(vendor, basis),
@@ -328,9 +328,9 @@ def pod_gpus(cluster: SimCluster, at: float) -> tuple[dict[tuple[str, str], list
     total, MiB) by (namespace, pod), and how many GPUs they reported in all."""
     vendor = cluster.profile
     pod_label, namespace_label, _ = vendor.workload_labels
-    used, total = ("gpu_used_vram", "gpu_total_vram") if vendor is AMD else ("DCGM_FI_DEV_FB_USED", "")
+    used, total = ("gpu_used_vram", "gpu_total_vram") if vendor.name == AMD.name else ("DCGM_FI_DEV_FB_USED", "")
     # The framebuffer's parts the exporter has (before dcgm-exporter 4.3.1, no reserve).
-    parts = () if vendor is AMD else ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+    parts = () if vendor.name == AMD.name else ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
     parts = tuple(p for p in parts if p not in cluster.dialect.missing_metrics)
     pods: dict[tuple[str, str], list[GpuSample]] = {}
     reported = 0
@@ -460,8 +460,8 @@ def families(vendor: SimVendor, prefix: str = "") -> dict[str, Family]:
     """Every family a target of this vendor's clusters can expose, by sample name (GPU exporter
     families under the metric prefix of AMD's exporter, if any)."""
     gpu = {vendor.util_metric: Family(vendor.util_metric, "gauge", vendor.util_help)}
-    gpu.update(AMD_FAMILIES if vendor is AMD else NVIDIA_FAMILIES)
-    if vendor is AMD and prefix:
+    gpu.update(AMD_FAMILIES if vendor.name == AMD.name else NVIDIA_FAMILIES)
+    if vendor.name == AMD.name and prefix:
         gpu = {f"{prefix}{k}": Family(f"{prefix}{f.name}", f.type, f.help) for k, f in gpu.items()}
     return {**gpu, **NIC_FAMILIES, **HOST_FAMILIES, **JUICEFS_FAMILIES}
 
@@ -471,8 +471,8 @@ def device_truth(cluster: SimCluster) -> tuple[list[dict], list[dict]]:
     about the devices of a node that is not Ready, so those are left out)."""
     vendor = cluster.profile
     index_label = _index_label(vendor)
-    model_label = "card_series" if vendor is AMD else "modelName"
-    serial_label = "serial_number" if vendor is AMD else "UUID"
+    model_label = "card_series" if vendor.name == AMD.name else "modelName"
+    serial_label = "serial_number" if vendor.name == AMD.name else "UUID"
     gpus, nics = [], []
     injected = cluster.injected_series()
     for target, samples in scrape(cluster).items():
