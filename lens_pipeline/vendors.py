@@ -280,20 +280,21 @@ class GpuResources:
     """Which extended resources hold GPUs, and whose, for a cluster's registry vendor: what nodes'
     capacity and pods' requests are read for."""
 
-    __slots__ = ("_vendor_of", "profiles")
+    __slots__ = ("known", "profiles")
 
     def __init__(self, profiles: Sequence[VendorProfile]) -> None:
         self.profiles = tuple(profiles)
-        self._vendor_of: dict[str, str | None] = {}
+        # resource -> `vendor_of` it, for the names met so far (read directly on the hot path).
+        self.known: dict[str, str | None] = {}
 
     def vendor_of(self, resource: str) -> str | None:
         """The name of the vendor whose GPUs `resource` counts, or None for any other resource."""
         try:
-            return self._vendor_of[resource]
+            return self.known[resource]
         except KeyError:
             found = next((p.name for p in self.profiles if p.counts_as_gpus(resource)), None)
-            if len(self._vendor_of) < 4096:  # names come from objects: keep the memo bounded
-                self._vendor_of[resource] = found
+            if len(self.known) < 4096:  # names come from objects: keep the memo bounded
+                self.known[resource] = found
             return found
 
     def units(self, quantities: Mapping[str, object], vendor: str) -> list[tuple[str, object]]:

@@ -20,6 +20,7 @@ FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 Row = dict[str, Any]
 _EMPTY: dict = {}  # read only
+_UNSEEN = object()
 
 
 def container_gpus(container: object, resources: GpuResources, vendor: str) -> dict[str, int]:
@@ -38,10 +39,13 @@ def container_gpus(container: object, resources: GpuResources, vendor: str) -> d
     if limits.__class__ is not dict:
         limits = _EMPTY if limits is None else mapping(requested, "limits")
     found: dict[str, int] = {}
-    vendor_of = resources.vendor_of
+    known = resources.known
     for quantities in (requests, limits):
         for resource in quantities:
-            if resource not in found and vendor_of(resource) == vendor:
+            whose = known.get(resource, _UNSEEN)
+            if whose is _UNSEEN:
+                whose = resources.vendor_of(resource)
+            if whose == vendor and resource not in found:
                 value = requests.get(resource, limits.get(resource))
                 found[resource] = whole_units(
                     value, f"container {container.get('name')!r:.60} {resource}", integer=True
@@ -69,6 +73,12 @@ def pod_gpus(pod: dict, resources: GpuResources, vendor: str) -> int:
     for container in _containers(spec, "initContainers"):
         for resource, count in container_gpus(container, resources, vendor).items():
             init[resource] = max(init.get(resource, 0), count)
+    if not init:  # nearly every pod: no init container asks for a GPU
+        if not app:
+            return 0
+        if len(app) == 1:
+            ((resource, count),) = app.items()
+            return bounded_count(count, f"the pod's {resource} (sum over its containers)")
     total = 0
     for resource in app.keys() | init.keys():
         total += bounded_count(

@@ -15,6 +15,7 @@ from lens_pipeline.sim.dialects import DIALECT_CHOICES
 from lens_pipeline.sim.fleet import GENERATION_EPOCH, SimFleet
 from lens_pipeline.sim.registry import write_prometheus_configs, write_registry
 from lens_pipeline.sim.server import SimServer
+from lens_pipeline.sim.vendors import VENDORS
 
 SWITCH_INTERVAL_SECONDS = 0.001
 
@@ -92,6 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 2025-06-01, fixed: same seed, same bytes)",
     )
     parser.add_argument(
+        "--gpu-resource",
+        type=_gpu_resource,
+        action="append",
+        default=[],
+        metavar="VENDOR=RESOURCE",
+        help="advertise and request that vendor's GPUs as RESOURCE instead of the whole-GPU one, as a "
+        "device plugin's strategy does: nvidia=nvidia.com/mig-3g.40gb (MIG, mixed strategy), "
+        "amd=amd.com/cpx_nps4 (partitions, mixed naming), nvidia=nvidia.com/gpu.shared (renamed "
+        "time-slicing); repeatable, one per vendor",
+    )
+    parser.add_argument(
         "--no-managed-fields",
         action="store_true",
         help="objects without the metadata.managedFields kube-apiserver writes (smaller, less real)",
@@ -119,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         history=args.history,
         managed_fields=not args.no_managed_fields,
         epoch=args.epoch,
+        gpu_resources=dict(args.gpu_resource),
     )
     generated = time.perf_counter() - started
     # The fleet lives until exit; frozen, the cyclic GC stops rescanning its millions of objects on
@@ -170,6 +183,16 @@ def _node_mix(text: str) -> list[int]:
     if any(n < 0 for n in counts):
         raise argparse.ArgumentTypeError("node counts must be non-negative")
     return counts
+
+
+def _gpu_resource(text: str) -> tuple[str, str]:
+    vendor, _, resource = text.partition("=")
+    if vendor not in VENDORS or not VENDORS[vendor].counts_as_gpus(resource):
+        raise argparse.ArgumentTypeError(
+            f"expected VENDOR=RESOURCE with a GPU resource of that vendor (nvidia=nvidia.com/mig-1g.10gb, "
+            f"amd=amd.com/cpx_nps4), got {text!r}"
+        )
+    return vendor, resource
 
 
 def _epoch(text: str) -> float:

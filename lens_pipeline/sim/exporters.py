@@ -328,9 +328,15 @@ def pod_gpus(cluster: SimCluster, at: float) -> tuple[dict[tuple[str, str], list
     total, MiB) by (namespace, pod), and how many GPUs they reported in all."""
     vendor = cluster.profile
     pod_label, namespace_label, _ = vendor.workload_labels
-    used, total = ("gpu_used_vram", "gpu_total_vram") if vendor.name == AMD.name else ("DCGM_FI_DEV_FB_USED", "")
+    used, total = (
+        ("gpu_used_vram", "gpu_total_vram") if vendor.name == AMD.name else ("DCGM_FI_DEV_FB_USED", "")
+    )
     # The framebuffer's parts the exporter has (before dcgm-exporter 4.3.1, no reserve).
-    parts = () if vendor.name == AMD.name else ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+    parts = (
+        ()
+        if vendor.name == AMD.name
+        else ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_RESERVED")
+    )
     parts = tuple(p for p in parts if p not in cluster.dialect.missing_metrics)
     pods: dict[tuple[str, str], list[GpuSample]] = {}
     reported = 0

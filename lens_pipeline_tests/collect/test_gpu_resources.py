@@ -156,4 +156,4 @@ def test_the_memo_of_names_stays_bounded():
     for i in range(10_000):
         assert resources.vendor_of(f"example.com/r{i}") is None
     assert resources.vendor_of("nvidia.com/mig-2g.20gb") == "nvidia"
-    assert len(resources._vendor_of) <= 4096
+    assert len(resources.known) <= 4096

@@ -704,3 +704,30 @@ def test_lens_sim_generates_as_of_the_epoch_it_is_given(text: str, epoch: float 
             build_parser().parse_args(["--epoch", text])
     else:
         assert build_parser().parse_args(["--epoch", text]).epoch == epoch
+
+
+def test_lens_sim_advertises_gpus_under_the_resource_it_is_given() -> None:
+    from lens_pipeline.sim.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["--gpu-resource", "nvidia=nvidia.com/mig-3g.40gb", "--gpu-resource", "amd=amd.com/cpx_nps4"]
+    )
+    assert dict(args.gpu_resource) == {"nvidia": "nvidia.com/mig-3g.40gb", "amd": "amd.com/cpx_nps4"}
+    for bad in ("nvidia=amd.com/cpx_nps4", "amd=amd.com/xgmi", "intel=gpu.intel.com/i915", "nvidia"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--gpu-resource", bad])
+    with pytest.raises(ValueError, match="not a nvidia GPU resource"):
+        SimCluster("sim-x", "nvidia", 1, seed=1, gpu_resource="example.com/gpu")
+
+    cluster = SimCluster("sim-shared", "nvidia", 4, seed=3, gpu_resource="nvidia.com/gpu.shared")
+    snapshot = cluster.truth_snapshot().objects
+    capacities = [e.obj["status"]["capacity"] for e in snapshot["nodes"]]
+    assert any("nvidia.com/gpu.shared" in c for c in capacities)
+    assert not any("nvidia.com/gpu" in c for c in capacities)
+    limits = [c["resources"].get("limits", {}) for e in snapshot["pods"] for c in e.obj["spec"]["containers"]]
+    assert any("nvidia.com/gpu.shared" in lim for lim in limits)
+    assert not any("nvidia.com/gpu" in lim for lim in limits)
+    # Every unit is a device the exporter reports, held by the pods the truth says hold it.
+    truth = cluster.truth()
+    assert sum(n["gpu_count"] for n in truth["nodes"]) == len(cluster.exporter_samples()) > 0
+    assert sum(n["gpu_allocation"] for n in truth["nodes"]) > 0
