@@ -27,9 +27,15 @@ BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # ... except a taint keyed by the GPU resource itself (`nvidia.com/gpu=present:NoSchedule`, which GKE
 # puts on every GPU node pool and many clusters put on their GPU nodes): it keeps off the pods that
 # request no GPU, and a pod that requests the resource tolerates it (where the API server enables
-# the admission plugin ExtendedResourceToleration, it adds that toleration by itself). Such a
-# node serves GPU pods.
-DEDICATION_TAINT_KEYS = frozenset(profile.resource for profile in PROFILES.values())
+# the admission plugin ExtendedResourceToleration, it adds that toleration by itself, keyed by each
+# extended resource the pod requests). Such a node serves GPU pods. Any of the vendors' GPU
+# resources counts (a MIG instance's, a partition's), as a pod requesting it tolerates its taint.
+
+
+def is_dedication_taint_key(key: object) -> bool:
+    """Whether a taint keyed `key` is a GPU resource's own."""
+    return isinstance(key, str) and any(profile.counts_as_gpus(key) for profile in PROFILES.values())
+
 
 NODE_COUNTS = (
     "total_nodes",
@@ -84,7 +90,7 @@ def is_faulty(node: Mapping[str, Any]) -> bool:
     return any(
         isinstance(t, Mapping)
         and t.get("effect") in BLOCKING_EFFECTS
-        and not (t.get("effect") == "NoSchedule" and t.get("key") in DEDICATION_TAINT_KEYS)
+        and not (t.get("effect") == "NoSchedule" and is_dedication_taint_key(t.get("key")))
         for t in taints
     )
 

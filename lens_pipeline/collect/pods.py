@@ -47,6 +47,8 @@ def container_gpus(container: object, resources: GpuResources, vendor: str) -> d
                 whose = resources.vendor_of(resource)
             if whose == vendor and resource not in found:
                 value = requests.get(resource, limits.get(resource))
+                if value is None:  # a null quantity (the API server serves none): no GPU, as before
+                    continue
                 found[resource] = whole_units(
                     value, f"container {container.get('name')!r:.60} {resource}", integer=True
                 )

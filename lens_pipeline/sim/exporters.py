@@ -529,7 +529,11 @@ def device_truth(cluster: SimCluster) -> tuple[list[dict], list[dict]]:
 # Taint effects that keep pods off a node: such a node is faulty for the overview, unless the taint is
 # the GPU resource's own (the vendor's dedication taint), which GPU pods tolerate.
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-GPU_TAINT_KEYS = frozenset(vendor.taint_key for vendor in VENDORS.values())
+
+
+def _gpu_taint_key(key: object) -> bool:
+    """A taint keyed by one of the vendors' GPU resources (whole GPUs, MIG instances, partitions)."""
+    return isinstance(key, str) and any(vendor.counts_as_gpus(key) for vendor in VENDORS.values())
 
 
 def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
@@ -544,7 +548,7 @@ def overview_truth(cluster: SimCluster, nodes: list[dict]) -> dict[str, float]:
         or n["gpu_count"] == 0
         or any(
             t.get("effect") in BLOCKING_EFFECTS
-            and not (t.get("effect") == "NoSchedule" and t.get("key") in GPU_TAINT_KEYS)
+            and not (t.get("effect") == "NoSchedule" and _gpu_taint_key(t.get("key")))
             for t in (n["taints"] or {}).get("taints", [])
         )
     ]

@@ -110,7 +110,10 @@ class SimCluster:
         if gpu_resource is not None:
             if not self.profile.counts_as_gpus(gpu_resource):
                 raise ValueError(f"cluster {name!r}: {gpu_resource!r} is not a {vendor} GPU resource")
-            self.profile = replace(self.profile, resource=gpu_resource)
+            # Still the vendor's: its whole GPUs and other units count too (an object injected with them).
+            self.profile = replace(
+                self.profile, resource=gpu_resource, other_units=self.profile.counts_as_gpus
+            )
         self.dialect = dialect
         self.seed = seed
         self.gpus_per_node = gpus_per_node

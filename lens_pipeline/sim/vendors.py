@@ -88,9 +88,16 @@ def _amd_partition(resource: str) -> bool:
 
 
 def _nvidia_slice_or_share(resource: str) -> bool:
-    """MIG instances of the `mixed` strategy (`nvidia.com/mig-1g.10gb`, `...me`, `....shared`) and
-    time-slicing's renamed share (`nvidia.com/gpu.shared`)."""
-    return resource == "nvidia.com/gpu.shared" or resource.startswith("nvidia.com/mig-")
+    """MIG instances of the `mixed` strategy (`nvidia.com/mig-<G>g.<M>gb`, then any attributes or
+    `.shared`) and time-slicing's renamed share (`nvidia.com/gpu.shared`)."""
+    if resource == "nvidia.com/gpu.shared":
+        return True
+    profile = resource.removeprefix("nvidia.com/mig-")
+    if profile == resource:
+        return False
+    slices, _, rest = profile.partition("g.")
+    memory = rest[: len(rest) - len(rest.lstrip("0123456789"))]
+    return slices.isdigit() and bool(memory) and rest[len(memory) : len(memory) + 2] == "gb"
 
 
 AMD_NODE_LABEL = "hostname"

@@ -12,6 +12,7 @@ import pytest
 from lens_pipeline.collect.nodes import gpu_node_rows, has_gpus, node_profile
 from lens_pipeline.collect.pods import GpuPod, allocation_by_node, pod_gpus, project_gpu_pod
 from lens_pipeline.collect.problems import Problem
+from lens_pipeline.sim.vendors import VENDORS as SIM_VENDORS
 from lens_pipeline.vendors import AMD, NVIDIA, gpu_resources, profiles_for
 
 
@@ -37,6 +38,8 @@ from lens_pipeline.vendors import AMD, NVIDIA, gpu_resources, profiles_for
         ("nvidia.com/mig", None),
         ("nvidia.com/mig-", None),
         ("nvidia.com/mig-big", None),
+        ("nvidia.com/mig-1c.3g.20gb", None),  # a compute instance's profile: never advertised
+        ("nvidia.com/mig-1g.gb", None),
         ("example.com/mig-1g.10gb", None),
         ("amd.com/gpu.shared", None),
         ("amd.com/xgmi", None),
@@ -54,6 +57,10 @@ def test_which_resources_are_whose_gpus(resource, vendor):
     # A cluster of one vendor never counts the other's.
     other = "amd" if vendor == "nvidia" else "nvidia"
     assert gpu_resources(other).vendor_of(resource) is None
+    # The simulator's truth, by its own rule, agrees.
+    assert {v for v, sim in SIM_VENDORS.items() if sim.counts_as_gpus(resource)} == (
+        {vendor} if vendor else set()
+    )
 
 
 def _node(name, capacity, labels=None):
@@ -149,6 +156,10 @@ def test_auto_clusters_tell_the_vendor_by_the_resource_and_unchanged_pods_keep_i
         assert isinstance(again, GpuPod) and again.obj is None and (again.vendor, again.gpus) == ("amd", 8)
     bad = project_gpu_pod(_pod("q", "n", [({"nvidia.com/mig-1g.10gb": "1.5"},)]), auto)
     assert isinstance(bad, Problem) and "nvidia.com/mig-1g.10gb" in bad.message
+    # A null quantity (no API server serves one) is no GPU, as before, and hides none of the others.
+    nulls = _pod("r", "n", [({"nvidia.com/gpu": "3"}, {"amd.com/gpu": None}), ({"nvidia.com/gpu": None},)])
+    projected = project_gpu_pod(nulls, auto)
+    assert isinstance(projected, GpuPod) and (projected.vendor, projected.gpus) == ("nvidia", 3)
 
 
 def test_the_memo_of_names_stays_bounded():

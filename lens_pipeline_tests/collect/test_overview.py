@@ -59,6 +59,13 @@ def test_a_gpu_node_is_faulty_for_taints_gpu_pods_do_not_tolerate():
     assert not is_faulty(node(("amd.com/gpu", "NoSchedule")))
     # The toleration Kubernetes adds for the resource's taint is for NoSchedule: NoExecute evicts.
     assert is_faulty(node(("amd.com/gpu", "NoExecute")))
+    # The same holds for a taint keyed by a MIG instance's or a partition's resource, which pods
+    # requesting it tolerate; a resource that holds no GPU is a taint like any other.
+    assert not is_faulty(node(("nvidia.com/mig-1g.10gb", "NoSchedule")))
+    assert not is_faulty(node(("amd.com/cpx_nps4", "NoSchedule")))
+    assert is_faulty(node(("amd.com/cpx_nps4", "NoExecute")))
+    assert is_faulty(node(("rdma/hca", "NoSchedule")))
+    assert is_faulty({**node(), "taints": {"taints": [{"key": 7, "effect": "NoSchedule"}]}})
     assert not is_faulty(node(("example.com/maintenance", "PreferNoSchedule")))
     assert is_faulty(node(("node.kubernetes.io/unschedulable", "NoSchedule")))
     assert is_faulty(node(("nvidia.com/gpu", "NoSchedule"), ("example.com/maintenance", "NoExecute")))

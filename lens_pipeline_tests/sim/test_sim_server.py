@@ -720,6 +720,9 @@ def test_lens_sim_advertises_gpus_under_the_resource_it_is_given() -> None:
         SimCluster("sim-x", "nvidia", 1, seed=1, gpu_resource="example.com/gpu")
 
     cluster = SimCluster("sim-shared", "nvidia", 4, seed=3, gpu_resource="nvidia.com/gpu.shared")
+    # Still the vendor's rule: its whole GPUs and MIG instances are GPUs of the truth too.
+    assert all(map(cluster.profile.counts_as_gpus, ("nvidia.com/gpu", "nvidia.com/mig-1g.10gb")))
+    assert not cluster.profile.counts_as_gpus("amd.com/gpu")
     snapshot = cluster.truth_snapshot().objects
     capacities = [e.obj["status"]["capacity"] for e in snapshot["nodes"]]
     assert any("nvidia.com/gpu.shared" in c for c in capacities)

@@ -83,6 +83,7 @@ ROW_MODULES = (
     "lens_pipeline.store.schema",
     "lens_pipeline.store.types",
     "lens_pipeline.store.workloads",
+    "lens_pipeline.vendors",  # which resources are GPUs
 )
 ROWS_BUILT_BY = "rows_built_by"
 
