@@ -245,6 +245,13 @@ def _error_handlers(app: FastAPI, errors: Counter) -> None:
         log.error("%s %s: database error", request.method, request.url.path, exc_info=exc)
         return envelope(None, 500, f"internal error: {type(exc).__name__}")
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        # A bug of ours: logged with its traceback, answered in the envelope with the request's
+        # trace ids (to find that log line by), naming the exception's type and nothing it says.
+        log.error("%s %s: unhandled error", request.method, request.url.path, exc_info=exc)
+        return envelope(None, 500, f"internal error: {type(exc).__name__}")
+
 
 def _cluster_routes(app: FastAPI, ctx: Routes, metrics: CollectorRegistry) -> None:
     @app.get("/healthz", summary="Liveness and database reachability")
@@ -505,8 +512,13 @@ class _Instrumented:
 
         try:
             await self.app(scope, receive, sending)
-        finally:
+        except BaseException:
+            # The trace stays set (in this request's own context): Starlette's server error
+            # handler, outside this middleware, answers the unhandled error with it.
+            raise
+        else:
             TRACE.reset(traced)
+        finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             seconds = time.perf_counter() - started
             self.latency.labels(route).observe(seconds)

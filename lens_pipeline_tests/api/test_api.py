@@ -14,6 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import uvicorn
@@ -22,6 +23,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, delete
 
+from lens_pipeline.api import queries
 from lens_pipeline.api.app import create_app
 from lens_pipeline.clusters import load_registry
 from lens_pipeline.collect.overview import api_overview
@@ -556,3 +558,33 @@ def test_a_statement_the_database_refuses_is_a_500_not_an_outage():
         assert "lens_api_database_errors_total 0.0" in client.get("/metrics").text
     finally:
         database.close()
+
+
+def test_an_unexpected_error_is_a_500_in_the_envelope_with_its_trace(served, caplog, monkeypatch):
+    """A bug of ours (here a query that raises) answers in the envelope, not Starlette's plain
+    text: a 500 naming the exception's type but none of its text, with the request's trace ids,
+    which the error log line and the access line carry too."""
+    _api, lens_url, _truths, cluster = served
+
+    def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("secret detail of the failure")
+
+    monkeypatch.setattr(queries, "nodes", broken)
+    client = TestClient(create_app(get_engine(lens_url), token=TOKEN), raise_server_exceptions=False)
+    caplog.set_level(logging.INFO)
+    caller = "4bf92f3577b34da6a3ce929d0e0e4736"
+    answer = client.get(
+        "/v1/nodes",
+        params={"cluster": cluster},
+        headers={"Authorization": f"Bearer {TOKEN}", "traceparent": f"00-{caller}-00f067aa0ba902b7-01"},
+    )
+    body = answer.json()
+    assert (answer.status_code, body["meta"]["code"]) == (500, 5000)
+    assert body["meta"]["message"] == "internal error: RuntimeError" and "secret" not in answer.text
+    assert body["tracing"]["trace_id"] == caller
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and "unhandled error" in r.getMessage()]
+    assert errors and errors[0].exc_info is not None
+    (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "lens.api.access"]
+    assert (line["status"], line["trace_id"]) == (500, caller)
+    # The other routes still answer.
+    assert client.get("/healthz", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
