@@ -18,6 +18,9 @@ IN_PROGRESS_RUN_STATUSES = (
     DagsterRunStatus.SUSPENDED,
 )
 FINISHED_STATUSES = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+# A run holds its clusters from its request until it ends: one waiting in the run queue will do the
+# work too, so another requested beside it would only pile up behind it.
+HOLDING_RUN_STATUSES = (DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, *IN_PROGRESS_RUN_STATUSES)
 
 CLUSTER_PARTITIONS_NAME = "cluster"
 cluster_partitions = DynamicPartitionsDefinition(name=CLUSTER_PARTITIONS_NAME)
@@ -44,7 +47,7 @@ def clusters_of_run(tags: Mapping[str, str], order: Sequence[str]) -> list[str]:
 def clusters_in_runs(
     instance: DagsterInstance,
     *,
-    statuses: Collection[DagsterRunStatus] = IN_PROGRESS_RUN_STATUSES,
+    statuses: Collection[DagsterRunStatus] = HOLDING_RUN_STATUSES,
     job_names: Collection[str] | None = None,
     asset_keys: Collection[object] | None = None,
     before_run_id: str | None = None,

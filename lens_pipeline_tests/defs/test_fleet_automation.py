@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
@@ -15,6 +15,12 @@ from dagster import (
     build_schedule_context,
     build_sensor_context,
     instance_for_test,
+)
+from dagster._core.remote_origin import (  # noqa: TID251 (no public way to make a run QUEUED: it must carry its origin)
+    InProcessCodeLocationOrigin,
+    LoadableTargetOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
 )
 
 from lens_pipeline.defs.collectors.schedules import collect_every_minute, collection_requests
@@ -164,7 +170,23 @@ def test_schedule_requests_batches_of_clusters_in_partition_order(instance, monk
     assert len({r.run_key for r in requests}) == 2 and all(tick.isoformat() in r.run_key for r in requests)
 
 
-def test_schedule_leaves_out_clusters_a_run_holds(instance):
+def _code_location_job(job_name: str) -> RemoteJobOrigin:
+    location = InProcessCodeLocationOrigin(LoadableTargetOrigin(module_name="lens_pipeline.definitions"))
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, "__repository__"), job_name)
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        DagsterRunStatus.NOT_STARTED,
+        DagsterRunStatus.QUEUED,
+        DagsterRunStatus.STARTING,
+        DagsterRunStatus.STARTED,
+    ],
+)
+def test_schedule_leaves_out_clusters_a_run_holds(instance, status):
+    """From its request to its end: a run waiting in the run queue (behind a backfill filling the
+    code location's limit) will collect its clusters too, so another request would only pile up."""
     instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, ["a", "b", "c", "d"])
     for name in ("a", "b", "c", "d"):
         instance.report_runless_asset_event(AssetMaterialization("gpu_nodes", partition=name))
@@ -172,13 +194,33 @@ def test_schedule_leaves_out_clusters_a_run_holds(instance):
         DagsterRun(
             job_name="collect_cluster",
             run_id="r-bc",
-            status=DagsterRunStatus.STARTING,
+            status=status,
             tags={ASSET_PARTITION_RANGE_START_TAG: "b", ASSET_PARTITION_RANGE_END_TAG: "c"},
+            # Dagster keeps a queued run's origin, for the run queue to launch it from.
+            remote_job_origin=_code_location_job("collect_cluster"),
         )
     )
     tick = datetime(2026, 11, 22, 10, 6, tzinfo=UTC)
     requests = collect_every_minute(build_schedule_context(instance=instance, scheduled_execution_time=tick))
     assert [r.partition_key for r in requests] == ["a", "d"]
+    # Once it has ended, its clusters are asked for again.
+    instance.delete_run("r-bc")
+    instance.add_run(
+        DagsterRun(
+            job_name="collect_cluster",
+            run_id="r-bc-done",
+            status=DagsterRunStatus.SUCCESS,
+            tags={ASSET_PARTITION_RANGE_START_TAG: "b", ASSET_PARTITION_RANGE_END_TAG: "c"},
+        )
+    )
+    order = ["a", "b", "c", "d"]
+    covered = []
+    for r in collect_every_minute(
+        build_schedule_context(instance=instance, scheduled_execution_time=tick + timedelta(minutes=1))
+    ):
+        start, end = r.tags.get(ASSET_PARTITION_RANGE_START_TAG), r.tags.get(ASSET_PARTITION_RANGE_END_TAG)
+        covered += [r.partition_key] if r.partition_key else order[order.index(start) : order.index(end) + 1]
+    assert sorted(covered) == order
 
 
 def test_requests_split_batches_around_busy_and_lone_clusters():
