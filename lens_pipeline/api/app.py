@@ -644,8 +644,10 @@ class _FleetCollector:
         for row in consumers:
             values = [row["cluster_name"], row["kind"], row["name"], row["namespace"], row["uid"]]
             for column, family in families.items():
-                family.add_metric(values, float(row[column]))
-            usage_ratio.add_metric(values, float(row["gpu_utilization"]) / 100.0)
+                if row[column] is not None:  # an unknown utilization has no series, never a 0
+                    family.add_metric(values, float(row[column]))
+            if row["gpu_utilization"] is not None:
+                usage_ratio.add_metric(values, float(row["gpu_utilization"]) / 100.0)
         yield from families.values()
         yield usage_ratio
 

@@ -618,7 +618,8 @@ def workload_summary(conn: Connection, cluster: str, low_below: float) -> Row:
     return {
         "running_workloads_count": int(count),
         "avg_gpu_allocated": float(request or 0.0),
-        "avg_gpu_utilization": float(instant or 0.0),
+        # Of the workloads whose utilization is known; None when none is.
+        "avg_gpu_utilization": float(instant) if instant is not None else None,
         "low_utilization_workloads_count": int(low),
     }
 

@@ -156,7 +156,7 @@ def accumulate(stored: Mapping[str, Any] | None, window: Window) -> dict[str, An
     histogram = add_to_histogram(previous.get("histogram"), values)
     new_count = count + len(values)
     new_total = (stored_figure(previous, "total_sum", 0.0) or 0.0) + math.fsum(values)
-    figures = dict.fromkeys(FIGURES, 0.0)
+    figures: dict[str, float | None] = dict.fromkeys(FIGURES)  # unknown until a first sample
     if new_count:
         low, high = min(values, default=math.inf), max(values, default=-math.inf)
         if count:
@@ -245,7 +245,7 @@ def statistic_row(
         "namespace": stored_text(workload, "namespace"),
         "workload_name": stored_text(workload, "name"),
         "workload_type": stored_text(workload, "kind"),
-        "instant_gpu_utilization": instant if instant is not None else 0.0,
+        "instant_gpu_utilization": instant,  # None while no series names the workload's GPUs
         **figures,
         "stat_start_time": began,
         "stat_end_time": utc_time(span.last)
@@ -272,7 +272,7 @@ def consumer_row(
         "namespace": stored_text(workload, "namespace"),
         "name": stored_text(workload, "name"),
         "gpu_allocated": sum(stored_count(p, "gpu_allocated") for p in pods),
-        "gpu_utilization": stored_figure(stat, "instant_gpu_utilization") or 0.0,
+        "gpu_utilization": stored_figure(stat, "instant_gpu_utilization"),  # None while unknown
         "active_pods": len(pods),
         "idle_gpu_seconds": stored_figure(stat, "idle_gpu_seconds", 0.0) or 0.0,
         "source": workload["source"],

@@ -479,8 +479,10 @@ workload_statistic = Table(
     Column("namespace", String(K8S_NAME), nullable=False),
     Column("workload_name", String(K8S_NAME), nullable=False),
     Column("workload_type", String(50), nullable=False),
+    # NULL while unknown: the figures until a first sample, the instant one while no series names
+    # the workload's GPUs (the original stored 0, which looked like an idle workload).
     *(
-        _figure(c, Float)
+        Column(c, Float, server_default=text("0"))
         for c in (
             "instant_gpu_utilization",
             "avg_gpu_utilization",
@@ -655,7 +657,7 @@ gpu_consumers = Table(
     Column("namespace", String(K8S_NAME), nullable=False),
     Column("name", String(K8S_NAME), nullable=False),
     _figure("gpu_allocated", Integer),
-    _figure("gpu_utilization", Float),
+    Column("gpu_utilization", Float, server_default=text("0")),  # NULL while unknown
     _figure("active_pods", Integer),
     _figure("idle_gpu_seconds", Float),
     Column("source", String(64)),

@@ -21,7 +21,7 @@ import uvicorn
 from dagster import instance_for_test
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import create_engine, delete
+from sqlalchemy import create_engine, delete, update
 
 from lens_pipeline.api import queries
 from lens_pipeline.api.app import create_app
@@ -436,8 +436,31 @@ def test_consumers_and_metrics_have_no_series_for_ended_consumers(served):
     assert set(collected) >= {"gpu_nodes", "gpu_pods", "gpu_devices", "cluster_overview_cache"}
     assert all(time.time() - 600 < v <= time.time() for v in collected.values())
 
-    gone = rows[0]
     engine = get_engine(lens_url)
+    # A consumer whose GPUs no series names yet: its utilization is unknown (NULL), shown as null
+    # and without a usage series, never as 0 % (an idle-looking busy job); its allocation stays.
+    unknown = rows[-1]
+    with write_transaction(engine) as conn:
+        conn.execute(
+            update(gpu_consumers).where(gpu_consumers.c.id == unknown["id"]).values(gpu_utilization=None)
+        )
+    try:
+        now = series()
+        assert not any(dict(k)["uid"] == unknown["uid"] for k in now["consumer_pod_gpu_usage"])
+        assert not any(dict(k)["uid"] == unknown["uid"] for k in now["lens_consumer_gpu_utilization_ratio"])
+        assert any(dict(k)["uid"] == unknown["uid"] for k in now["consumer_pod_gpu_allocated"])
+        status, body = api.get("/v1/clusters/consumers", cluster=cluster, page_size=1000)
+        (shown,) = [c for c in body["data"]["data"] if c["uid"] == unknown["uid"]]
+        assert shown["stat"]["gpu_utilization"] is None
+    finally:
+        with write_transaction(engine) as conn:
+            conn.execute(
+                update(gpu_consumers)
+                .where(gpu_consumers.c.id == unknown["id"])
+                .values(gpu_utilization=unknown["gpu_utilization"])
+            )
+
+    gone = rows[0]
     with write_transaction(engine) as conn:  # the consumer ends: gpu_consumers drops its row
         conn.execute(delete(gpu_consumers).where(gpu_consumers.c.uid == gone["uid"]))
     try:

@@ -126,7 +126,9 @@ def test_a_window_prometheus_did_not_answer_keeps_the_stored_ends():
     assert row["stat_start_time"] == first["stat_start_time"]
     assert row["stat_end_time"] == first["stat_end_time"] == utc_time(600.0)
     assert row["last_query_time"] == utc_time(600.0)  # the next run reads the window again
-    assert row["sample_count"] == 1 and row["instant_gpu_utilization"] == 0.0
+    # No series names its GPUs now: its instant utilization is unknown, not 0.
+    assert row["sample_count"] == 1 and row["instant_gpu_utilization"] is None
+    assert row["avg_gpu_utilization"] == 40.0
     assert row["updated_at"] == later
 
 
@@ -149,6 +151,7 @@ def test_a_consumer_holds_its_running_pods_gpus_and_its_statistics_figures():
     assert (row["gpu_allocated"], row["active_pods"]) == (12, 2)
     assert (row["gpu_utilization"], row["idle_gpu_seconds"]) == (72.5, 120.0)
     assert (row["group_version"], row["source"]) == ("kubeflow.org/v1", "k8s")
-    # No statistic yet (a workload seen for the first time): zeros, not NULLs.
+    # No statistic yet (a workload seen for the first time): no GPU time counted, its utilization
+    # unknown (NULL: a 0 would show a busy job as idle), not 0.
     empty = consumer_row(WORKLOAD, [], {})
-    assert (empty["gpu_allocated"], empty["gpu_utilization"], empty["idle_gpu_seconds"]) == (0, 0.0, 0.0)
+    assert (empty["gpu_allocated"], empty["gpu_utilization"], empty["idle_gpu_seconds"]) == (0, None, 0.0)

@@ -90,7 +90,7 @@ def expected_consumers(want: dict, gpus: dict) -> dict[str, dict]:
         out[w["uid"]] = {
             "gpu_allocated": sum(p["gpu_allocated"] for p in pods),
             "active_pods": len(pods),
-            "gpu_utilization": sum(held) / len(held) if held else 0.0,
+            "gpu_utilization": sum(held) / len(held) if held else None,  # unknown, not 0
         }
     return out
 
@@ -179,7 +179,8 @@ def test_derived_tables_equal_the_truth_through_churn(fleet_and_registry, db_url
                     acc["idle"] += sum(v < IDLE_BELOW for v in held) * new_points
                     assert row["instant_gpu_utilization"] == pytest.approx(util)
                 else:
-                    assert new_points == 0 and row["instant_gpu_utilization"] == 0
+                    # No series names its GPUs now: unknown, never 0.
+                    assert new_points == 0 and row["instant_gpu_utilization"] is None
                 assert row["sample_count"] == acc["n"]
                 if acc["n"]:
                     assert row["avg_gpu_utilization"] == pytest.approx(acc["sum"] / acc["n"])
@@ -188,6 +189,11 @@ def test_derived_tables_equal_the_truth_through_churn(fleet_and_registry, db_url
                     # Percentiles come from 10-wide buckets: within a bucket of the samples.
                     for p in ("p50", "p90", "p95"):
                         assert acc["min"] - 10 <= row[f"{p}_gpu_utilization"] <= acc["max"] + 10
+                else:  # never a sample: every figure unknown
+                    assert all(
+                        row[f"{f}_gpu_utilization"] is None
+                        for f in ("avg", "min", "max", "p50", "p90", "p95")
+                    )
                 assert row["allocated_gpu_seconds"] == pytest.approx(acc["held"])  # step is 1 s
                 assert row["idle_gpu_seconds"] == pytest.approx(acc["idle"])
                 idle_seen += acc["idle"]

@@ -195,9 +195,7 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
             turn.log.warning(f"cluster {cluster.name}: another run added this window first; nothing written")
 
     figures_in_bounds = all(
-        isinstance(value := row[f"{name}_gpu_utilization"], int | float) and 0.0 <= value <= 100.0
-        for row in rows
-        for name in ("avg", "min", "max", "instant")
+        _percent_or_unknown(row, name) for row in rows for name in ("avg", "min", "max", "instant")
     )
     over_idle = [
         r["workload_name"] for r in rows if r["idle_gpu_seconds"] > r["allocated_gpu_seconds"] + 1e-6
@@ -308,3 +306,12 @@ def gpu_consumers(turn: ClusterTurn) -> MaterializeResult:
             rows_readable_check(turn, malformed),
         ],
     )
+
+
+def _percent_or_unknown(row: dict[str, Any], name: str) -> bool:
+    """A figure is a percentage, or unknown (None): the instant one while no series names the
+    workload's GPUs, the others only while it has no sample at all."""
+    value = row[f"{name}_gpu_utilization"]
+    if value is None:
+        return name == "instant" or not row["sample_count"]
+    return isinstance(value, int | float) and 0.0 <= value <= 100.0
