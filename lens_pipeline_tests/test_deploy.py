@@ -218,6 +218,10 @@ def test_the_rendered_pods_meet_the_restricted_profile_and_probe_every_process()
     for name, deployment in _named(documents, "Deployment").items():
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             assert {"livenessProbe", "readinessProbe"} <= set(container), (name, container["name"])
+            # A liveness probe that reads the database would restart every pod at each outage.
+            path = container["livenessProbe"].get("httpGet", {}).get("path")
+            if container["name"] in ("api", "ingest"):
+                assert path == "/livez", (name, container["name"], path)
     (job,) = _named(documents, "Job").values()
     assert job["spec"]["ttlSecondsAfterFinished"] <= 86400
 
@@ -301,6 +305,7 @@ def test_every_container_command_starts_from_this_checkout(tmp_path):
             _start(_with(containers["api"]["command"], "--port", port), env, tmp_path / "api.log")
         )
         _wait(processes[-1], tmp_path / "api.log", _http_ok(f"http://127.0.0.1:{port}/healthz"))
+        assert _http_ok(f"http://127.0.0.1:{port}/livez")()
 
         grpc_port, http_port = free_port(), free_port()
         ingest = _with(
@@ -308,6 +313,7 @@ def test_every_container_command_starts_from_this_checkout(tmp_path):
         )
         processes.append(_start(_with(ingest, "--tokens-file", tokens), env, tmp_path / "ingest.log"))
         _wait(processes[-1], tmp_path / "ingest.log", _http_ok(f"http://127.0.0.1:{http_port}/healthz"))
+        assert _http_ok(f"http://127.0.0.1:{http_port}/livez")()
 
         cache_port, metrics_port = free_port(), free_port()
         watch = _with(

@@ -254,7 +254,13 @@ def _error_handlers(app: FastAPI, errors: Counter) -> None:
 
 
 def _cluster_routes(app: FastAPI, ctx: Routes, metrics: CollectorRegistry) -> None:
-    @app.get("/healthz", summary="Liveness and database reachability")
+    @app.get("/livez", summary="Liveness: the process answers; touches nothing")
+    async def livez() -> Response:
+        # On the event loop: a loop stuck fails it. Not the database: an outage makes the pods
+        # unready (`/healthz`), and restarting them would not bring it back.
+        return envelope({"status": "alive"})
+
+    @app.get("/healthz", summary="Readiness: the database answers")
     def healthz() -> Response:
         with ctx.engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")

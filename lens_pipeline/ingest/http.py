@@ -1,5 +1,5 @@
 """The HTTP side of `lens ingest`: the later original's `POST /v1/container-events[/batch]`
-(spec §2.2), plus `/metrics` and `/healthz`. A bare ASGI app served by uvicorn on the server's loop.
+(spec §2.2), plus `/metrics`, `/livez` (the process answers) and `/healthz` (its log writer commits). A bare ASGI app served by uvicorn on the server's loop.
 
 Answers: 200 when every event is committed, 206 when some were refused (partial), 400 when none
 was taken, always with `{"total","success","error"}` (and `errors` saying which and why); 401 for a
@@ -36,6 +36,8 @@ class IngestHttpApp:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         if path == "/metrics" and method == "GET":
             await _respond(send, 200, self.server.metrics.exposition(), b"text/plain; version=0.0.4")
+        elif path == "/livez" and method == "GET":  # the loop answers; the database is /healthz's
+            await _json(send, 200, {"status": "alive"})
         elif path == "/healthz" and method == "GET":
             healthy = self.server.healthy
             await _json(send, 200 if healthy else 503, {"status": "SERVING" if healthy else "NOT_SERVING"})

@@ -556,6 +556,11 @@ def test_a_lost_database_connection_is_a_503_then_recovers(served):
             response = down.get(path, params={"cluster": cluster})
             assert (response.status_code, response.json()["meta"]["code"]) == (503, 5030), path
             assert "database unavailable" in response.json()["meta"]["message"]
+        # Unready (the readiness probe's /healthz), but alive (the liveness probe's /livez): the
+        # kubelet takes the pods out of the Service and does not restart them for an outage.
+        assert down.get("/healthz").status_code == 503
+        alive = down.get("/livez")
+        assert alive.status_code == 200 and alive.json()["data"] == {"status": "alive"}
 
 
 def test_a_statement_the_database_refuses_is_a_500_not_an_outage():

@@ -252,6 +252,14 @@ def test_the_http_form_answers_as_the_later_original(sqlite_url):
         assert post_json(server, "/v1/container-events", _http_event(1))[0] == 200
         with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/healthz") as response:
             assert json.loads(response.read()) == {"status": "SERVING"}
+        # The log writer cannot commit (what it reports while the database is away): unready, alive.
+        server._set_health_threadsafe(False)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/healthz")
+        assert refused.value.code == 503
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/livez") as response:
+            assert json.loads(response.read()) == {"status": "alive"}
+        server._set_health_threadsafe(True)
     assert _log_count(sqlite_url) == 3
     metadata = _materialize(sqlite_url)
     assert metadata["containers_written"].value == 3
