@@ -60,6 +60,12 @@ ALERT_TESTS = {
                     "series": 'lens_cluster_last_collected_timestamp_seconds{cluster="b",asset="gpu_nodes"}',
                     "values": "0+60x30",
                 },
+                # Cluster b starts no container: its container_events is never materialized again,
+                # which is no stale collection (LensIngestLagging watches the events that wait).
+                {
+                    "series": 'lens_cluster_last_collected_timestamp_seconds{cluster="b",asset="container_events"}',
+                    "values": "0x30",
+                },
                 {"series": 'lens_container_events_lag_seconds{cluster="a"}', "values": "0+60x30"},
                 {"series": 'lens_container_events_lag_seconds{cluster="b"}', "values": "0x30"},
                 # lens watch stops serving cluster a's pods; b's stay served.
