@@ -46,6 +46,8 @@ def json_text(value: Any) -> str:
 JSON_CODEC = {"json_serializer": json_text, "json_deserializer": orjson.loads}
 _LOCK = threading.Lock()
 SQLITE_BUSY_TIMEOUT_MS = 60_000
+# Seconds a PostgreSQL connection may take to be made (server URLs may set their own).
+CONNECT_TIMEOUT_SECONDS = 10
 SQLITE_AUTOCHECKPOINT_PAGES = 1000  # SQLite's default
 
 
@@ -136,7 +138,10 @@ def _create(url: str, *, reading: bool = False) -> Engine:
         query = dict(parsed.query)
         query.setdefault("charset", "utf8mb4")
         return create_engine(parsed.set(query=query), pool_pre_ping=True, pool_recycle=3600, **JSON_CODEC)
-    return create_engine(url, pool_pre_ping=True, **JSON_CODEC)
+    # libpq waits as long as the network lets a connection hang (minutes, when a failed-over
+    # database's old address answers nothing); a URL's own `connect_timeout` wins.
+    connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **JSON_CODEC)
 
 
 def _configure_sqlite(engine: Engine, begin: str) -> None:

@@ -30,6 +30,7 @@ from lens_pipeline.store.schema import (
     node,
     node_statistic,
     storage,
+    workload_statistic,
 )
 from lens_pipeline.store.upsert import bulk_upsert, sync_snapshot
 from lens_pipeline_tests.conftest import _server_database
@@ -112,6 +113,93 @@ def test_overview_figures_that_may_be_unknown_become_nullable_keeping_stored_row
     assert {f: stored["c2"][f] for f in newly} == dict.fromkeys(newly, 0)
     upgrade(engine, "lens")
     assert current_revision(engine, "lens") == head_revision("lens")
+
+
+def test_workload_utilization_becomes_nullable_and_unmeasured_zeros_unknown(lens_url):
+    """Migration 0014 on a database holding two workloads' statistics, one measured and one never:
+    the figures become nullable as the model says, the measured row keeps its figures (a measured 0
+    too), the never-measured one's 0s become NULL; the consumers' utilization becomes nullable."""
+    engine = get_engine(lens_url)
+    upgrade(engine, "lens", "0013_lens")
+    figures = [c.name for c in workload_statistic.columns if c.name.endswith("_gpu_utilization")]
+    base = {
+        "cluster_name": "c1",
+        "namespace": "ns",
+        "workload_type": "Job",
+        "stat_start_time": T0,
+        "stat_end_time": T0,
+        "labels": {},
+        "annotations": {},
+        "created_at": T0,
+        "updated_at": T0,
+    }
+    with write_transaction(engine) as conn:
+        conn.execute(
+            workload_statistic.insert(),
+            [
+                {
+                    **base,
+                    "uid": "measured",
+                    "workload_name": "a",
+                    "sample_count": 3,
+                    **dict.fromkeys(figures, 0.0),
+                },
+                {
+                    **base,
+                    "uid": "never",
+                    "workload_name": "b",
+                    "sample_count": 0,
+                    **dict.fromkeys(figures, 0.0),
+                },
+            ],
+        )
+    upgrade(engine, "lens")
+    assert {
+        c: n for c, n in _nullable(engine, "workload_statistic").items() if c in figures
+    } == dict.fromkeys(figures, True)
+    assert _nullable(engine, "gpu_consumers")["gpu_utilization"] is True
+    stored = {r["uid"]: r for r in rows(engine, workload_statistic)}
+    assert {f: stored["measured"][f] for f in figures} == dict.fromkeys(figures, 0.0)
+    # Never measured: unknown; its instant 0 cannot be told from a measured one and stays.
+    assert {f: stored["never"][f] for f in figures} == {
+        **dict.fromkeys(figures),
+        "instant_gpu_utilization": 0.0,
+    }
+
+
+def test_a_postgresql_connection_that_hangs_fails_after_the_connect_timeout():
+    """A database address that takes the connection and never answers (a failed-over server's old
+    address behind a load balancer): the connection fails after `CONNECT_TIMEOUT_SECONDS` rather
+    than hold a run, a sensor or an API worker for as long as the network lets it hang."""
+    import socket
+    import threading
+
+    from sqlalchemy.exc import OperationalError
+
+    from lens_pipeline.store.db import CONNECT_TIMEOUT_SECONDS, dispose_engines
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever speaks
+        port = silent.getsockname()[1]
+        outcome: list[BaseException | None] = []
+
+        def connect() -> None:
+            try:
+                with get_engine(f"postgresql+psycopg2://postgres@127.0.0.1:{port}/lens").connect():
+                    outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        started = time.monotonic()
+        worker = threading.Thread(target=connect, daemon=True)
+        worker.start()
+        worker.join(CONNECT_TIMEOUT_SECONDS + 20)
+        took = time.monotonic() - started
+        dispose_engines()
+    assert outcome, f"the connection still hangs after {took:.0f} s"
+    assert isinstance(outcome[0], OperationalError) and "timeout" in str(outcome[0]).lower(), outcome
+    assert CONNECT_TIMEOUT_SECONDS - 1 <= took <= CONNECT_TIMEOUT_SECONDS + 10
 
 
 def rows(engine, t) -> list[dict]:
