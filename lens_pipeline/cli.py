@@ -278,6 +278,11 @@ def _api(args: argparse.Namespace) -> int:
         os.environ[settings.LENS_API_DEFAULT_CLUSTER] = args.default_cluster
     if args.no_access_log:
         os.environ[settings.LENS_API_ACCESS_LOG] = "0"
+    try:
+        settings.api_cors_origins()  # refused here, before any worker starts, with its reason
+    except ValueError as exc:
+        print(f"lens api: {exc}", file=sys.stderr, flush=True)
+        return 2
     print(
         f"lens api on http://{args.host}:{args.port} over {_safe_url(settings.lens_database_url())}",
         flush=True,

@@ -16,6 +16,7 @@ LENS_CLUSTERS_FILE = "LENS_CLUSTERS_FILE"
 LENS_API_TOKEN = "LENS_API_TOKEN"
 LENS_API_DEFAULT_CLUSTER = "LENS_API_DEFAULT_CLUSTER"
 LENS_API_ACCESS_LOG = "LENS_API_ACCESS_LOG"
+LENS_API_CORS_ORIGINS = "LENS_API_CORS_ORIGINS"
 
 
 def state_dir() -> Path:
@@ -101,3 +102,18 @@ def history_partitions_per_run() -> int:
 def api_access_log() -> bool:
     """Whether `lens api` writes a JSON line per request to its standard output (on unless "0")."""
     return os.environ.get(LENS_API_ACCESS_LOG, "1").strip() not in ("0", "false", "no", "off")
+
+
+def api_cors_origins() -> tuple[str, ...]:
+    """The web origins (`https://lens.example.com`, or `*` for any) whose pages may read `lens api`
+    from a browser: comma-separated in `$LENS_API_CORS_ORIGINS`, none by default. An entry that is
+    no origin (a path, a trailing slash, no scheme) is refused by name: it would match no page."""
+    origins = tuple(o.strip() for o in os.environ.get(LENS_API_CORS_ORIGINS, "").split(",") if o.strip())
+    for origin in origins:
+        scheme, sep, host = origin.partition("://")
+        if origin != "*" and not (scheme in ("http", "https") and sep and host and "/" not in host):
+            raise ValueError(
+                f"{LENS_API_CORS_ORIGINS}: {origin!r} is not an origin: scheme://host[:port], "
+                "no path nor trailing slash (e.g. https://lens.example.com), or *"
+            )
+    return origins

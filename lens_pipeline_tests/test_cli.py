@@ -276,3 +276,11 @@ def test_the_demo_generates_its_clusters_settled_before_the_first_hour_of_its_hi
     for garbage in ("-inf", "nan", "yesterday", "\x00"):
         (tmp_path / "sim-epoch").write_text(garbage)
         assert cli._demo_epoch(tmp_path, now) == epoch - 3 * 86400
+
+
+def test_lens_api_refuses_a_cors_entry_that_is_no_origin(tmp_path, monkeypatch, capsys):
+    from lens_pipeline.cli import main
+
+    monkeypatch.setenv("LENS_API_CORS_ORIGINS", "https://lens.example.com/ui")
+    assert main(["api", "--database-url", f"sqlite:///{tmp_path / 'lens.db'}"]) == 2
+    assert "'https://lens.example.com/ui' is not an origin" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from importlib.resources import files
@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -115,9 +116,11 @@ def create_app(
     token: str | None = None,
     default_cluster: str | None = None,
     registry: Callable[[], Registry] | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> FastAPI:
     """The API over `engine`'s Lens database; `registry` loads the cluster registry, whose
-    Prometheus URLs the routes of series finer than an hour ask (none: those routes answer 503)."""
+    Prometheus URLs the routes of series finer than an hour ask (none: those routes answer 503).
+    Pages of `cors_origins` (`*`: any) may read it from a browser, with a bearer token."""
     overview = queries.OverviewCopy(engine, queries.OverviewReader(engine))
 
     @asynccontextmanager
@@ -188,6 +191,16 @@ def create_app(
         module.add_routes(app, ctx)
     _node_routes(app, ctx)
     _workload_routes(app, ctx)
+    if cors_origins:
+        # Outside the routes: a browser's preflight (OPTIONS, no token) is answered here. The token
+        # travels in a header, never a cookie: no credentials mode.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET"],
+            allow_headers=["Authorization", "traceparent"],
+            max_age=600,
+        )
     app.add_middleware(_Instrumented, requests=requests, latency=latency)
     return app
 
@@ -703,4 +716,5 @@ def app_from_environment() -> FastAPI:
         token=os.environ.get(settings.LENS_API_TOKEN) or None,
         default_cluster=os.environ.get(settings.LENS_API_DEFAULT_CLUSTER) or None,
         registry=(lambda: load_registry(registry_file)) if registry_file else None,
+        cors_origins=settings.api_cors_origins(),
     )

@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, delete, update
 
+from lens_pipeline import settings
 from lens_pipeline.api import queries
 from lens_pipeline.api.app import create_app
 from lens_pipeline.clusters import load_registry
@@ -616,3 +617,54 @@ def test_an_unexpected_error_is_a_500_in_the_envelope_with_its_trace(served, cap
     assert (line["status"], line["trace_id"]) == (500, caller)
     # The other routes still answer.
     assert client.get("/healthz", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_pages_of_the_configured_origins_may_read_the_api_from_a_browser(served, monkeypatch):
+    """CORS (the original's router had it): a page of a configured origin gets its preflight
+    answered without a token and may read the answers; another origin's page may not; without
+    configuration no CORS header is sent at all."""
+    _api, lens_url, _truths, cluster = served
+    page = "https://lens.example.com"
+    client = TestClient(create_app(get_engine(lens_url), token=TOKEN, cors_origins=[page]))
+    preflight = client.options(
+        "/v1/nodes",
+        headers={
+            "Origin": page,
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "authorization,traceparent",
+        },
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == page
+    assert {"authorization", "traceparent"} <= {
+        h.strip().lower() for h in preflight.headers["access-control-allow-headers"].split(",")
+    }
+    answer = client.get(
+        "/v1/nodes", params={"cluster": cluster}, headers={"Origin": page, "Authorization": f"Bearer {TOKEN}"}
+    )
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == page
+    # The 401 of a missing token is readable by the page too (it can tell the user why).
+    refused = client.get("/v1/nodes", params={"cluster": cluster}, headers={"Origin": page})
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == page
+    other = client.get(
+        "/v1/nodes",
+        params={"cluster": cluster},
+        headers={"Origin": "https://elsewhere.example", "Authorization": f"Bearer {TOKEN}"},
+    )
+    assert "access-control-allow-origin" not in other.headers
+    plain = TestClient(create_app(get_engine(lens_url), token=TOKEN))
+    assert (
+        "access-control-allow-origin"
+        not in plain.get(
+            "/v1/nodes",
+            params={"cluster": cluster},
+            headers={"Origin": page, "Authorization": f"Bearer {TOKEN}"},
+        ).headers
+    )
+    # From the environment, and refused by name when an entry is no origin.
+    monkeypatch.setenv(settings.LENS_API_CORS_ORIGINS, f"{page}, http://localhost:3000")
+    assert settings.api_cors_origins() == (page, "http://localhost:3000")
+    for bad in ("lens.example.com", "https://lens.example.com/", "https://lens.example.com/ui", "ftp://x"):
+        monkeypatch.setenv(settings.LENS_API_CORS_ORIGINS, bad)
+        with pytest.raises(ValueError, match="is not an origin"):
+            settings.api_cors_origins()
