@@ -35,6 +35,7 @@ from lens_pipeline.store.event_log import quarantine
 from lens_pipeline_tests.conftest import skip_unless
 from lens_pipeline_tests.defs.support import served_fleet
 from lens_pipeline_tests.defs.test_derived_against_truth import run_cluster
+from lens_pipeline_tests.ingest.support import container_id, gpu_container
 from lens_pipeline_tests.ports import free_port
 from lens_pipeline_tests.test_deploy import rendered_overlay
 
@@ -66,6 +67,8 @@ ALERT_TESTS = {
                     "series": 'lens_cluster_last_collected_timestamp_seconds{cluster="b",asset="container_events"}',
                     "values": "0x30",
                 },
+                # Agents that name no cluster: 40 events wait for "default", which no registry lists.
+                {"series": 'lens_container_events_unregistered{cluster="default"}', "values": "0x5 40x25"},
                 {"series": 'lens_container_events_lag_seconds{cluster="a"}', "values": "0+60x30"},
                 {"series": 'lens_container_events_lag_seconds{cluster="b"}', "values": "0x30"},
                 # lens watch stops serving cluster a's pods; b's stay served.
@@ -108,6 +111,12 @@ ALERT_TESTS = {
                     "alertname": "LensWatchCacheRefusingRuns",
                     "exp_alerts": [{"exp_labels": {"severity": "warning"}}],
                 },
+                {"eval_time": "15m", "alertname": "LensIngestUnregisteredCluster", "exp_alerts": []},
+                {
+                    "eval_time": "25m",
+                    "alertname": "LensIngestUnregisteredCluster",
+                    "exp_alerts": [{"exp_labels": {"severity": "warning", "cluster": "default"}}],
+                },
                 {"eval_time": "20m", "alertname": "LensGpuNodesFaulty", "exp_alerts": []},
                 {
                     "eval_time": "26m",
@@ -129,6 +138,7 @@ def _alert_tests(groups: list[dict]) -> dict:
         "LensWatchCacheNotServing": "lens watch has not served /api/v1/pods of cluster a for 10 minutes",
         "LensWatchCacheRefusingRuns": "lens watch refused 30 requests for their bearer token in 10 minutes",
         "LensGpuNodesFaulty": "2 GPU nodes of cluster a are faulty",
+        "LensIngestUnregisteredCluster": "40 container events wait for cluster default, which the registry does not list",
     }
     descriptions = {
         r["alert"]: r["annotations"].get("description") for g in groups for r in g["rules"] if "alert" in r
@@ -259,6 +269,8 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
             quarantine(
                 conn, "processing", [({"cluster_name": cluster, "payload": b"\x00"}, "does not decode")]
             )
+        # lens api knows the registry: what it does not list (the agents' "default") is said apart.
+        env["LENS_CLUSTERS_FILE"] = str(registry)
         try:
             api_port, grpc_port, http_port, prom_port = free_port(), free_port(), free_port(), free_port()
             processes.append(
@@ -302,6 +314,21 @@ def test_the_rules_and_every_dashboard_panel_return_data_from_a_real_prometheus(
                 f"http://127.0.0.1:{http_port}/v1/container-events", data=b"{not json"
             )
             assert _get_request(refused) == 400
+            # An agent that names no cluster: its event goes to lens ingest's default cluster,
+            # "default", which the registry does not list (the unregistered-cluster alert's data).
+            unnamed = {
+                "type": "Running",
+                "source": "k8s",
+                "node": "node-h",
+                "container_id": container_id(1),
+                "data": gpu_container(1, "Running"),
+            }
+            stray = urllib.request.Request(
+                f"http://127.0.0.1:{http_port}/v1/container-events",
+                data=json.dumps(unnamed).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            assert _get_request(stray) == 200
             # lens api writes a JSON line per request to its standard output (once the answer is
             # sent: the last line may come a moment after its answer).
             deadline = time.monotonic() + 10

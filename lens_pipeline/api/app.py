@@ -590,6 +590,19 @@ class _FleetCollector:
             ours(read.freshness),
         )
         backlog = read.backlog if listed is None else [b for b in read.backlog if b.cluster in listed]
+        # Events logged for a cluster the registry does not list: no container_events run applies
+        # them, ever (node agents that name no cluster, under lens ingest's --default-cluster; a
+        # cluster disabled or misnamed). Said, not hidden with the retired clusters' gauges.
+        strays = GaugeMetricFamily(
+            "lens_container_events_unregistered",
+            "Container events waiting in the ingest log for a cluster the registry does not list "
+            "(or disables): never applied while it does not",
+            labels=["cluster"],
+        )
+        for item in read.backlog:
+            if listed is not None and item.cluster not in listed and item.events:
+                strays.add_metric([item.cluster], float(item.events))
+        yield strays
         collected = GaugeMetricFamily(
             "lens_cluster_last_collected_timestamp_seconds",
             "When each asset of each cluster was last materialized (unix seconds): alert on time() minus this",
