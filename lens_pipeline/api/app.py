@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from importlib.resources import files
 from typing import Any
 
@@ -80,6 +80,36 @@ WORKLOAD_STATUSES = frozenset(WORKLOAD_STATUS_COLOR)
 MAX_QUERY_BYTES = 8192
 # Swagger UI's script and style, served by the API itself: /docs works with no internet.
 SWAGGER_ASSETS = files("fastapi_offline") / "static"
+
+
+class _Unhandled:
+    """ASGI middleware: an exception no handler took (a bug of ours) is answered here, a 500 in the
+    envelope naming its type and nothing it says, with the request's trace ids and, being inside
+    the CORS middleware, readable by an allowed page; its traceback is logged once. (Starlette's
+    own handler of last resort sits outside every middleware, and raises it again to the server,
+    which logs it a second time, text included.) Once an answer has started, it is the server's."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:
+                raise
+            log.error("%s %s: unhandled error", scope.get("method"), scope.get("path"), exc_info=exc)
+            await envelope(None, 500, f"internal error: {type(exc).__name__}")(scope, receive, send)
 
 
 class QueryGuard:
@@ -191,6 +221,7 @@ def create_app(
         module.add_routes(app, ctx)
     _node_routes(app, ctx)
     _workload_routes(app, ctx)
+    app.add_middleware(_Unhandled)  # inside CORS, so that a 500 carries its headers too
     if cors_origins:
         # Outside the routes: a browser's preflight (OPTIONS, no token) is answered here. The token
         # travels in a header, never a cookie: no credentials mode.
@@ -198,7 +229,7 @@ def create_app(
             CORSMiddleware,
             allow_origins=list(cors_origins),
             allow_methods=["GET"],
-            allow_headers=["Authorization", "traceparent"],
+            allow_headers=["Authorization", "traceparent", "tracestate"],
             max_age=600,
         )
     app.add_middleware(_Instrumented, requests=requests, latency=latency)
@@ -256,13 +287,6 @@ def _error_handlers(app: FastAPI, errors: Counter) -> None:
         # Every parameter is bounded and typed before a query is made, so a statement the database
         # refuses is a bug of ours, not bad input, and the database is not "unavailable".
         log.error("%s %s: database error", request.method, request.url.path, exc_info=exc)
-        return envelope(None, 500, f"internal error: {type(exc).__name__}")
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> Response:
-        # A bug of ours: logged with its traceback, answered in the envelope with the request's
-        # trace ids (to find that log line by), naming the exception's type and nothing it says.
-        log.error("%s %s: unhandled error", request.method, request.url.path, exc_info=exc)
         return envelope(None, 500, f"internal error: {type(exc).__name__}")
 
 
@@ -531,13 +555,8 @@ class _Instrumented:
 
         try:
             await self.app(scope, receive, sending)
-        except BaseException:
-            # The trace stays set (in this request's own context): Starlette's server error
-            # handler, outside this middleware, answers the unhandled error with it.
-            raise
-        else:
-            TRACE.reset(traced)
         finally:
+            TRACE.reset(traced)
             route = getattr(scope.get("route"), "path", "unmatched")
             seconds = time.perf_counter() - started
             self.latency.labels(route).observe(seconds)
@@ -555,6 +574,10 @@ class _Instrumented:
                     **trace,
                 }
                 ACCESS_LOG.info(orjson.dumps(line).decode())
+
+
+# How long after its last event a cluster the registry does not list still counts as sending.
+STRAYS_RECENT = timedelta(hours=1)
 
 
 class _FleetCollector:
@@ -590,17 +613,22 @@ class _FleetCollector:
             ours(read.freshness),
         )
         backlog = read.backlog if listed is None else [b for b in read.backlog if b.cluster in listed]
-        # Events logged for a cluster the registry does not list: no container_events run applies
-        # them, ever (node agents that name no cluster, under lens ingest's --default-cluster; a
-        # cluster disabled or misnamed). Said, not hidden with the retired clusters' gauges.
+        # Events still coming for a cluster the registry does not list: no container_events run
+        # applies them (node agents that name no cluster, under lens ingest's --default-cluster; a
+        # cluster disabled or misnamed). Said, not hidden with the retired clusters' gauges; a
+        # cluster retired on purpose, whose agents sent their last events, stops counting an hour
+        # after the last (its leftovers stay in the log).
         strays = GaugeMetricFamily(
             "lens_container_events_unregistered",
             "Container events waiting in the ingest log for a cluster the registry does not list "
-            "(or disables): never applied while it does not",
+            "(or disables), of clusters that sent one in the last hour: never applied while it does not",
             labels=["cluster"],
         )
+        recent = datetime.now(UTC) - STRAYS_RECENT
         for item in read.backlog:
-            if listed is not None and item.cluster not in listed and item.events:
+            if listed is None or item.cluster in listed or not item.events:
+                continue
+            if item.newest_received_at is not None and item.newest_received_at >= recent:
                 strays.add_metric([item.cluster], float(item.events))
         yield strays
         collected = GaugeMetricFamily(

@@ -11,6 +11,7 @@ the write lock one after the other.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sqlite3
 import threading
@@ -140,7 +141,10 @@ def _create(url: str, *, reading: bool = False) -> Engine:
         return create_engine(parsed.set(query=query), pool_pre_ping=True, pool_recycle=3600, **JSON_CODEC)
     # libpq waits as long as the network lets a connection hang (minutes, when a failed-over
     # database's old address answers nothing); a URL's own `connect_timeout` wins.
-    connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+    # libpq's own settings win too ($PGCONNECT_TIMEOUT, a service file); other drivers name it otherwise.
+    own = "connect_timeout" in parsed.query or "service" in parsed.query or "PGCONNECT_TIMEOUT" in os.environ
+    libpq = parsed.get_driver_name() in ("psycopg2", "psycopg")
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS} if libpq and not own else {}
     return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **JSON_CODEC)
 
 

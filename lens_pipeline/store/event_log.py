@@ -366,6 +366,7 @@ class Backlog:
     cluster: str
     events: int
     oldest_received_at: datetime | None  # of the oldest segment holding them (None: caught up)
+    newest_received_at: datetime | None = None  # of the newest one
 
 
 def backlog(conn: Connection) -> list[Backlog]:
@@ -375,7 +376,9 @@ def backlog(conn: Connection) -> list[Backlog]:
     is started for them)."""
     seg, progress = container_event_segment.c, container_event_progress.c
     pending = (
-        select(seg.cluster_name, func.sum(seg.to_process), func.min(seg.received_at))
+        select(
+            seg.cluster_name, func.sum(seg.to_process), func.min(seg.received_at), func.max(seg.received_at)
+        )
         .select_from(
             container_event_segment.outerjoin(
                 container_event_progress, progress.cluster_name == seg.cluster_name
@@ -384,7 +387,10 @@ def backlog(conn: Connection) -> list[Backlog]:
         .where(seg.id > func.coalesce(progress.last_log_id, 0), seg.to_process > 0)
         .group_by(seg.cluster_name)
     )
-    found = {cluster: Backlog(cluster, int(n), at) for cluster, n, at in conn.execute(pending)}
+    found = {
+        cluster: Backlog(cluster, int(n), oldest, newest)
+        for cluster, n, oldest, newest in conn.execute(pending)
+    }
     for cluster in conn.scalars(select(progress.cluster_name)):
         found.setdefault(cluster, Backlog(cluster, 0, None))
     return [found[cluster] for cluster in sorted(found)]

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -505,16 +505,19 @@ def test_a_cluster_the_registry_no_longer_lists_has_no_gauges(served, tmp_path):
     from lens_pipeline.store.event_log import append_events, log_transaction
     from lens_pipeline_tests.ingest.support import container_id, gpu_container
 
-    at = datetime.now(UTC)
+    # A cluster retired on purpose whose agents sent their last events two hours ago is not:
+    # those leftovers stay in the log, but nothing keeps coming.
+    now = datetime.now(UTC)
     with log_transaction(get_engine(lens_url)) as conn:
         append_events(
             conn,
             [
                 from_grpc(
                     agent.event("Running", container_id(i), gpu_container(i, "Running", gpus=1)),
-                    Origin("k8s", None, "default"),
+                    Origin("k8s", None, name),
                     at,
                 )
+                for name, at in (("default", now), ("retired", now - timedelta(hours=2)))
                 for i in range(3)
             ],
         )
@@ -624,20 +627,27 @@ def test_an_unexpected_error_is_a_500_in_the_envelope_with_its_trace(served, cap
         raise RuntimeError("secret detail of the failure")
 
     monkeypatch.setattr(queries, "nodes", broken)
-    client = TestClient(create_app(get_engine(lens_url), token=TOKEN), raise_server_exceptions=False)
+    page = "https://lens.example.com"
+    # The test client raises what the app lets escape to the server: nothing may.
+    client = TestClient(create_app(get_engine(lens_url), token=TOKEN, cors_origins=[page]))
     caplog.set_level(logging.INFO)
     caller = "4bf92f3577b34da6a3ce929d0e0e4736"
     answer = client.get(
         "/v1/nodes",
         params={"cluster": cluster},
-        headers={"Authorization": f"Bearer {TOKEN}", "traceparent": f"00-{caller}-00f067aa0ba902b7-01"},
+        headers={
+            "Authorization": f"Bearer {TOKEN}",
+            "traceparent": f"00-{caller}-00f067aa0ba902b7-01",
+            "Origin": page,
+        },
     )
+    assert answer.headers["access-control-allow-origin"] == page  # the page can read why
     body = answer.json()
     assert (answer.status_code, body["meta"]["code"]) == (500, 5000)
     assert body["meta"]["message"] == "internal error: RuntimeError" and "secret" not in answer.text
     assert body["tracing"]["trace_id"] == caller
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and "unhandled error" in r.getMessage()]
-    assert errors and errors[0].exc_info is not None
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "unhandled error" in errors[0].getMessage() and errors[0].exc_info
     (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "lens.api.access"]
     assert (line["status"], line["trace_id"]) == (500, caller)
     # The other routes still answer.

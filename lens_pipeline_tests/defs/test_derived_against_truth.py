@@ -292,3 +292,33 @@ def test_first_overview_without_prometheus_stores_the_kubernetes_figures(tmp_pat
         )
         prometheus_only = ("utilization", *STORAGE_FIGURES, *RDMA_FIGURES)
         assert {figure: row[figure] for figure in prometheus_only} == dict.fromkeys(prometheus_only)
+
+
+def test_a_prometheus_that_fails_leaves_the_stored_utilization_standing(tmp_path):
+    """The statistics keep their stored figures when Prometheus does not answer, the instant
+    utilization too: it is not unknown because one query timed out (no usage series vanishing, no
+    null summary for a minute)."""
+    fleet = SimFleet.generate(clusters=1, nodes=14, seed=33, vendor="amd")
+    (cluster,) = fleet.clusters
+    lens_url, safe_url = f"sqlite:///{tmp_path / 'lens.db'}", f"sqlite:///{tmp_path / 'safe.db'}"
+    with SimServer(fleet) as server, instance_for_test() as instance:
+        instance.add_dynamic_partitions(CLUSTER_PARTITIONS_NAME, [cluster.name])
+        registry = write_registry(tmp_path / "clusters.yaml", server)
+        run_cluster(cluster.name, registry, lens_url, safe_url, instance)
+        before = {r["uid"]: r for r in table(lens_url, workload_statistic, cluster.name)}
+        known = {uid: r["instant_gpu_utilization"] for uid, r in before.items()}
+        assert any(v is not None for v in known.values())
+        consumers = {r["uid"]: r["gpu_utilization"] for r in table(lens_url, gpu_consumers, cluster.name)}
+        cluster.set_fault("prometheus", 503)
+        # The run fails for the parts that read Prometheus alone (devices, overview); the statistics
+        # are written, keeping what was stored.
+        result = materialize_everything(
+            registry, lens_url, safe_url, instance, partition_key=cluster.name, raise_on_error=False
+        )
+        assert not result.success
+        after = {r["uid"]: r for r in table(lens_url, workload_statistic, cluster.name)}
+        assert {uid: after[uid]["instant_gpu_utilization"] for uid in known} == known
+        assert any(after[uid]["updated_at"] > before[uid]["updated_at"] for uid in known)  # written
+        assert {
+            r["uid"]: r["gpu_utilization"] for r in table(lens_url, gpu_consumers, cluster.name)
+        } == consumers

@@ -77,12 +77,14 @@ def test_the_backlog_is_what_waits_past_each_watermark(lens_url):
     with engine.connect() as conn:
         newest = event_log.last_id(conn, "east")
     with engine.connect() as conn:
-        assert backlog(conn) == [Backlog("east", 4, T0)]
+        # Waiting since the first round, the newest from the second.
+        assert backlog(conn) == [Backlog("east", 4, T0, T0 + timedelta(minutes=5))]
     with engine.begin() as conn:
         set_processed_up_to(conn, "east", newest - 1, T0)  # the second round is still waiting
         set_processed_up_to(conn, "west", event_log.last_id(conn, "west"), T0)
     with engine.connect() as conn:
-        assert backlog(conn) == [Backlog("east", 2, T0 + timedelta(minutes=5)), Backlog("west", 0, None)]
+        second = T0 + timedelta(minutes=5)
+        assert backlog(conn) == [Backlog("east", 2, second, second), Backlog("west", 0, None)]
     with engine.begin() as conn:
         set_processed_up_to(conn, "east", newest, T0)
     with engine.connect() as conn:

@@ -32,7 +32,7 @@ from lens_pipeline.collect.statistics import (
     window_bounds,
     workload_window,
 )
-from lens_pipeline.collect.stored import stored_count
+from lens_pipeline.collect.stored import stored_count, stored_figure
 from lens_pipeline.defs.collectors.common import ClusterTurn, check, prometheus_check
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
@@ -166,7 +166,12 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
     for workload in workloads:
         uid = workload["uid"]
         try:
-            instant = instant_utilization(current[p] for p in _pod_keys(pods_of.get(uid, [])) if p in current)
+            if prom_error is None:
+                instant = instant_utilization(
+                    current[p] for p in _pod_keys(pods_of.get(uid, [])) if p in current
+                )
+            else:  # Prometheus did not answer: what is stored stands, it is not unknown now
+                instant = stored_figure(stored[uid], "instant_gpu_utilization") if uid in stored else None
             row = statistic_row(cluster.name, workload, stored.get(uid), windows[uid], instant, span)
         except MalformedObject as exc:  # a stored row that is not what its columns hold
             malformed.append(
