@@ -215,6 +215,13 @@ def _ingest_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--http-port", type=int, default=8989, help="POST /v1/container-events, /metrics, /healthz"
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="/metrics, /livez and /healthz alone, plain HTTP (for probes and the scrape when the HTTP "
+        "port serves TLS; 0: none)",
+    )
     parser.add_argument("--default-cluster", default="default", help="cluster of events that name none")
     parser.add_argument("--tokens-file", help="per-cluster bearer tokens (default: $LENS_INGEST_TOKENS_FILE)")
     parser.add_argument("--tls-cert", help="serve TLS with this certificate chain (PEM)")
@@ -245,6 +252,7 @@ def _ingest(args: argparse.Namespace) -> int:
         host=args.host,
         grpc_port=args.grpc_port,
         http_port=args.http_port,
+        metrics_port=args.metrics_port,
         default_cluster=args.default_cluster,
         tokens=Tokens.load(args.tokens_file or os.environ.get(LENS_INGEST_TOKENS_FILE)),
         tls_cert=args.tls_cert,
@@ -263,6 +271,8 @@ def _ingest(args: argparse.Namespace) -> int:
     try:  # the same words as with workers, rather than gRPC's "Failed to bind" traceback
         check_free(config.host, config.grpc_port, "gRPC")
         check_free(config.host, config.http_port, "HTTP")
+        if config.metrics_port:
+            check_free(config.host, config.metrics_port, "metrics")
     except PortInUse as exc:
         print(f"lens ingest: {exc}", file=sys.stderr, flush=True)
         return 1

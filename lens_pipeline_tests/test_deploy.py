@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -25,6 +26,9 @@ from lens_pipeline_tests.ports import free_port
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 BIN = Path(sys.executable).parent
 COMPONENTS = sorted(p.name for p in (DEPLOY / "components").iterdir() if p.is_dir())
+# Components that replace one another: lens ingest ends TLS itself (ingest-tls) or behind an
+# ingress controller (ingress).
+ALTERNATIVES = {"ingest-tls": "ingress"}
 # What an API server keeps in a namespace (the kinds deploy/ renders).
 NAMESPACED = {
     "ConfigMap",
@@ -93,7 +97,9 @@ def test_every_reference_resolves_in_the_rendered_output(tmp_path):
     service account and volume a pod names exists; each Service, PDB, NetworkPolicy and the
     ServiceMonitor selects pods or Services that exist, on ports they have; each Ingress backend is
     a Service port."""
-    documents = rendered_overlay(tmp_path / "all", components=COMPONENTS)
+    documents = rendered_overlay(
+        tmp_path / "all", components=[c for c in COMPONENTS if c not in ALTERNATIVES]
+    )
     documents += rendered(DEPLOY / "migrate")
     config_maps, secrets = _named(documents, "ConfigMap"), _named(documents, "Secret")
     accounts, services = _named(documents, "ServiceAccount"), _named(documents, "Service")
@@ -348,6 +354,82 @@ def test_every_container_command_starts_from_this_checkout(tmp_path):
                 os.killpg(process.pid, signal.SIGTERM)
         for process in processes:
             process.wait(timeout=30)
+
+
+def test_the_ingest_tls_component_serves_tls_and_keeps_probes_and_scrape_on_a_plain_port(tmp_path):
+    """With components/ingest-tls, lens ingest ends TLS on its gRPC and HTTP ports (the agents'),
+    while /metrics, /livez and /healthz move to a plain port named `http` that the kubelet probes
+    (its gRPC probe speaks no TLS) and the ServiceMonitor scrapes; the rendered command starts
+    here, with a certificate of our own, and answers so."""
+    from lens_pipeline.sim.tls import make_certificate
+
+    # After network-policy, as its kustomization says: it opens the policy to `https` too.
+    documents = rendered_overlay(tmp_path / "tls", components=["network-policy", "monitoring", "ingest-tls"])
+    spec = _pod_specs(documents)["lens-ingest"]
+    (container,) = spec["containers"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "grpc": 50051,
+        "https": 8989,
+        "http": 8990,
+    }
+    command = container["command"]
+    assert {"--tls-cert=/etc/lens-ingest-tls/tls.crt", "--tls-key=/etc/lens-ingest-tls/tls.key"} <= set(
+        command
+    )
+    assert "--metrics-port=8990" in command
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "lens-ingest-tls"
+    assert {"name": "tls", "mountPath": "/etc/lens-ingest-tls", "readOnly": True} in container["volumeMounts"]
+    service = _named(documents, "Service")["lens-ingest"]
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        "grpc": (50051, "grpc"),
+        "https": (8989, "https"),
+        "http": (8990, "http"),
+    }
+    (monitor,) = _named(documents, "ServiceMonitor").values()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http"]  # the plain port
+    policy = _named(documents, "NetworkPolicy")["lens-ingest"]
+    assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == {
+        "grpc",
+        "https",
+        "http",
+    }
+
+    certificate = make_certificate()
+    (tmp_path / "tls.crt").write_bytes(certificate.cert_pem + certificate.ca_pem)
+    (tmp_path / "tls.key").write_bytes(certificate.key_pem)
+    (tmp_path / "tokens.yaml").write_text("tokens: {}\n")
+    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+    local = {
+        "--tls-cert=/etc/lens-ingest-tls/tls.crt": f"--tls-cert={tmp_path / 'tls.crt'}",
+        "--tls-key=/etc/lens-ingest-tls/tls.key": f"--tls-key={tmp_path / 'tls.key'}",
+        "--metrics-port=8990": f"--metrics-port={metrics_port}",
+    }
+    command = [local.get(arg, arg) for arg in command]
+    command = _with(
+        _with(_with(command, "--grpc-port", grpc_port), "--http-port", http_port),
+        "--tokens-file",
+        tmp_path / "tokens.yaml",
+    )
+    env = {**os.environ, "LENS_DATABASE_URL": f"sqlite:///{tmp_path / 'lens.db'}"}
+    process = _start(command, env, tmp_path / "ingest.log")
+    try:
+        _wait(process, tmp_path / "ingest.log", _http_ok(f"http://127.0.0.1:{metrics_port}/healthz"))
+        assert _http_ok(f"http://127.0.0.1:{metrics_port}/livez")()
+        assert _http_ok(f"http://127.0.0.1:{metrics_port}/metrics")()
+        # The agents' HTTP port answers over TLS only, with the Secret's certificate.
+        trusting = ssl.create_default_context(cadata=certificate.ca_pem.decode())
+        trusting.check_hostname = False
+        with urllib.request.urlopen(
+            f"https://127.0.0.1:{http_port}/healthz", context=trusting, timeout=5
+        ) as answer:
+            assert answer.status == 200
+        assert not _http_ok(f"http://127.0.0.1:{http_port}/healthz")()
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
 
 
 def _locked(path: Path) -> set[str]:

@@ -93,6 +93,9 @@ class IngestConfig:
     host: str = "0.0.0.0"
     grpc_port: int = 50051  # the original's `jobs.grpc_port` (README example; its manifests use 8991)
     http_port: int = 8989  # the later original's telemetry-processor port
+    # /metrics, /livez and /healthz alone, plain HTTP, on a port of their own (0: none): for the
+    # probes and the scrape when the HTTP port serves TLS, or is to be reached by the agents only.
+    metrics_port: int = 0
     default_cluster: str = "default"
     tokens: Tokens = field(default_factory=Tokens)
     tls_cert: str | None = None

@@ -27,8 +27,12 @@ BATCH_PATH = "/v1/container-events/batch"
 
 
 class IngestHttpApp:
-    def __init__(self, server: IngestServer) -> None:
+    """The HTTP port; with `events=False` the metrics port (`--metrics-port`): the same /metrics,
+    /livez and /healthz, and no events."""
+
+    def __init__(self, server: IngestServer, *, events: bool = True) -> None:
         self.server = server
+        self.events = events
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -41,7 +45,7 @@ class IngestHttpApp:
         elif path == "/healthz" and method == "GET":
             healthy = self.server.healthy
             await _json(send, 200 if healthy else 503, {"status": "SERVING" if healthy else "NOT_SERVING"})
-        elif path in (EVENTS_PATH, BATCH_PATH):
+        elif path in (EVENTS_PATH, BATCH_PATH) and self.events:
             if method != "POST":
                 await _json(send, 405, {"error": f"{path} takes POST"})
                 return

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -38,6 +39,9 @@ from lens_pipeline.ingest.log_writer import LogWriter, Producer
 from lens_pipeline.ingest.metrics import IngestMetrics, observe_many
 from lens_pipeline.store.db import get_engine
 from lens_pipeline.store.migrate import ensure_schema
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,7 @@ class WorkerSlot:
     index: int
     http_socket: socket.socket
     metrics_dir: str
+    metrics_socket: socket.socket | None = None  # of `--metrics-port`, listening already
 
 
 class IngestServer:
@@ -97,11 +102,13 @@ class IngestServer:
         self.healthy = False
         self.grpc_port = 0
         self.http_port = 0
+        self.metrics_port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writer: LogWriter | None = None
         self._grpc: grpc.aio.Server | None = None
         self._health = health_aio.HealthServicer()
         self._http = None
+        self._metrics_http = None
         self._received: dict[tuple[str, str], object] = {}
 
     # Lifecycle --------------------------------------------------------------------------------
@@ -132,6 +139,8 @@ class IngestServer:
             await self._grpc.stop(self.config.shutdown_grace_seconds)
         if self._http is not None:
             await self._http.shutdown()
+        if self._metrics_http is not None:
+            await self._metrics_http.shutdown()
         if self._writer is not None:
             await asyncio.to_thread(self._writer.stop)
 
@@ -173,33 +182,45 @@ class IngestServer:
         self._grpc = server
 
     async def _start_http(self) -> None:
+        # A worker's is listening already: the workers accept from one queue.
+        sock = self.worker.http_socket if self.worker is not None else self._bound(self.config.http_port)
+        self.http_port = sock.getsockname()[1]
+        self._http = await self._serve_http(IngestHttpApp(self), sock, tls=self.config.tls)
+        metrics_sock = self.worker.metrics_socket if self.worker is not None else None
+        if metrics_sock is None and self.worker is None and self.config.metrics_port:
+            metrics_sock = self._bound(self.config.metrics_port)
+        if metrics_sock is not None:
+            self.metrics_port = metrics_sock.getsockname()[1]
+            self._metrics_http = await self._serve_http(
+                IngestHttpApp(self, events=False), metrics_sock, tls=False
+            )
+
+    def _bound(self, port: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, port))
+        sock.set_inheritable(True)
+        return sock
+
+    async def _serve_http(self, app: IngestHttpApp, sock: socket.socket, *, tls: bool) -> uvicorn.Server:
         import uvicorn
 
-        app = IngestHttpApp(self)
-        if self.worker is not None:
-            sock = self.worker.http_socket  # listening already: the workers accept from one queue
-        else:
-            sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.config.host, self.config.http_port))
-            sock.set_inheritable(True)
-        self.http_port = sock.getsockname()[1]
         uv_config = uvicorn.Config(
             app,
             lifespan="off",
             log_level="warning",
             access_log=False,
-            ssl_certfile=self.config.tls_cert if self.config.tls else None,
-            ssl_keyfile=self.config.tls_key if self.config.tls else None,
-            ssl_ca_certs=self.config.tls_client_ca if self.config.tls else None,
-            ssl_cert_reqs=2 if self.config.tls and self.config.tls_client_ca else 0,
+            ssl_certfile=self.config.tls_cert if tls else None,
+            ssl_keyfile=self.config.tls_key if tls else None,
+            ssl_ca_certs=self.config.tls_client_ca if tls else None,
+            ssl_cert_reqs=2 if tls and self.config.tls_client_ca else 0,
             timeout_graceful_shutdown=int(self.config.shutdown_grace_seconds),
         )
         uv_config.load()
         server = uvicorn.Server(uv_config)
         server.lifespan = uv_config.lifespan_class(uv_config)
         await server.startup(sockets=[sock])
-        self._http = server
+        return server
 
     async def _set_health(self, serving: bool) -> None:
         self.healthy = serving
@@ -360,7 +381,8 @@ def serve_forever(config: IngestConfig, worker: WorkerSlot | None = None) -> int
         if worker is None:
             print(
                 f"lens ingest: gRPC on {config.host}:{server.grpc_port}"
-                f"{' (TLS)' if config.tls else ''}, HTTP on {config.host}:{server.http_port}; "
+                f"{' (TLS)' if config.tls else ''}, HTTP on {config.host}:{server.http_port}"
+                f"{f', metrics on {config.host}:{server.metrics_port}' if server.metrics_port else ''}; "
                 f"{'per-cluster tokens' if config.tokens.required else f'default cluster {config.default_cluster!r}'}",
                 flush=True,
             )

@@ -65,17 +65,21 @@ def supervise(config: IngestConfig, workers: int) -> int:
     try:
         http_socket = listen(config.host, config.http_port, "HTTP")
         grpc_hold = hold_port(config.host, config.grpc_port, "gRPC")
+        metrics_socket = listen(config.host, config.metrics_port, "metrics") if config.metrics_port else None
     except PortInUse as exc:
         print(f"lens ingest: {exc}", file=sys.stderr, flush=True)
         return 1
     config = replace(config, grpc_port=grpc_hold.getsockname()[1], http_port=http_socket.getsockname()[1])
+    if metrics_socket is not None:
+        config = replace(config, metrics_port=metrics_socket.getsockname()[1])
     ensure_schema(get_engine(config.database_url), "lens")  # once, not racing in every worker
     metrics_dir = fresh_metrics_dir()
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     print(
         f"lens ingest: {workers} workers, gRPC on {config.host}:{config.grpc_port}"
-        f"{' (TLS)' if config.tls else ''}, HTTP on {config.host}:{config.http_port}; "
+        f"{' (TLS)' if config.tls else ''}, HTTP on {config.host}:{config.http_port}"
+        f"{f', metrics on {config.host}:{config.metrics_port}' if metrics_socket else ''}; "
         f"{'per-cluster tokens' if config.tokens.required else f'default cluster {config.default_cluster!r}'}",
         flush=True,
     )
@@ -87,7 +91,7 @@ def supervise(config: IngestConfig, workers: int) -> int:
                 if worker.process is not None and worker.process.poll() is not None:
                     _reap(worker, metrics_dir, now)
                 if worker.process is None and now >= worker.restart_at:
-                    _start(worker, config, http_socket, metrics_dir)
+                    _start(worker, config, http_socket, metrics_dir, metrics_socket)
             stop.wait(0.2)
         print(f"lens ingest: stopping {workers} workers", flush=True)
         _stop_all(pool, config.shutdown_grace_seconds + 20)
@@ -100,23 +104,33 @@ def supervise(config: IngestConfig, workers: int) -> int:
             signal.signal(sig, handler)
         http_socket.close()
         grpc_hold.close()
+        if metrics_socket is not None:
+            metrics_socket.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 
-def _start(worker: _Worker, config: IngestConfig, http_socket: socket.socket, metrics_dir: str) -> None:
+def _start(
+    worker: _Worker,
+    config: IngestConfig,
+    http_socket: socket.socket,
+    metrics_dir: str,
+    metrics_socket: socket.socket | None = None,
+) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
+    shared = (http_socket,) if metrics_socket is None else (http_socket, metrics_socket)
     process = subprocess.Popen(
         [sys.executable, "-m", "lens_pipeline.ingest.workers"],
         stdin=subprocess.PIPE,
         env=env,
-        pass_fds=(http_socket.fileno(),),
+        pass_fds=tuple(s.fileno() for s in shared),
     )
     # The configuration (with the tokens) goes through a pipe: never in argv or the environment.
     spec = {
         "index": worker.index,
         "supervisor": os.getpid(),
         "http_fd": http_socket.fileno(),
+        "metrics_fd": metrics_socket.fileno() if metrics_socket is not None else None,
         "metrics_dir": metrics_dir,
         "config": asdict(config),
     }
@@ -246,6 +260,9 @@ def worker_main() -> int:
         index=spec["index"],
         http_socket=socket.socket(fileno=spec["http_fd"]),
         metrics_dir=spec["metrics_dir"],
+        metrics_socket=socket.socket(fileno=spec["metrics_fd"])
+        if spec.get("metrics_fd") is not None
+        else None,
     )
     return serve_forever(config, slot)
 

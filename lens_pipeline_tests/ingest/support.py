@@ -53,7 +53,7 @@ def logged(database_url: str) -> list[LoggedEvent]:
 
 
 def start_lens_ingest(
-    lens_url: str, grpc_port: int, http_port: int, log_path: Path, *, workers: int = 1
+    lens_url: str, grpc_port: int, http_port: int, log_path: Path, *, workers: int = 1, extra: tuple = ()
 ) -> subprocess.Popen:
     """`lens ingest` as a real process (output appended to `log_path`), once it serves: gRPC health
     says SERVING and, with workers, every worker has said it serves."""
@@ -61,6 +61,7 @@ def start_lens_ingest(
     command = [str(lens)] if lens.exists() else [sys.executable, "-m", "lens_pipeline.cli"]
     command += ["ingest", "--database-url", lens_url, "--host", "127.0.0.1", "--workers", str(workers)]
     command += ["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--default-cluster", "east"]
+    command += [str(arg) for arg in extra]
     offset = log_path.stat().st_size if log_path.exists() else 0
     process = subprocess.Popen(command, stdout=log_path.open("ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -129,9 +130,14 @@ def stream_and_kill(grpc_port: int, events: list[bytes], kill_at: int, kill: Cal
 
 def post_json(server: IngestServer, path: str, body: Any, token: str | None = None) -> tuple[int, dict]:
     """POST `body` (JSON, or bytes as they are) to the sidecar's HTTP port: (status, JSON answer)."""
+    return post_json_to(f"http://127.0.0.1:{server.http_port}", path, body, token)
+
+
+def post_json_to(base: str, path: str, body: Any, token: str | None = None) -> tuple[int, dict]:
+    """POST `body` to `base` + `path`: (status, JSON answer)."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     headers = {"content-type": "application/json", **({"authorization": f"Bearer {token}"} if token else {})}
-    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}{path}", data=data, headers=headers)
+    request = urllib.request.Request(f"{base}{path}", data=data, headers=headers)
     try:
         with urllib.request.urlopen(request) as response:
             return response.status, json.loads(response.read())

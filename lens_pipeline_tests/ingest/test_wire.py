@@ -27,7 +27,9 @@ from lens_pipeline_tests.ingest.support import (
     ingest_server,
     logged,
     post_json,
+    post_json_to,
 )
+from lens_pipeline_tests.ports import free_port
 
 
 def _materialize(lens_url: str, cluster: str = "east") -> dict:
@@ -290,7 +292,10 @@ def test_tls_serves_agents_that_trust_the_ca(sqlite_url, tmp_path):
     (tmp_path / "tls.key").write_bytes(certificate.key_pem)
     raw = agent.event("Running", container_id(1), gpu_container(1, "Running"), "n1")
     with ingest_server(
-        sqlite_url, tls_cert=str(tmp_path / "tls.crt"), tls_key=str(tmp_path / "tls.key")
+        sqlite_url,
+        tls_cert=str(tmp_path / "tls.crt"),
+        tls_key=str(tmp_path / "tls.key"),
+        metrics_port=free_port(),
     ) as server:
         credentials = grpc.ssl_channel_credentials(root_certificates=certificate.ca_pem)
         with grpc.secure_channel(f"127.0.0.1:{server.grpc_port}", credentials) as secure:
@@ -300,6 +305,17 @@ def test_tls_serves_agents_that_trust_the_ca(sqlite_url, tmp_path):
                 grpc.StatusCode.UNAVAILABLE,
                 grpc.StatusCode.DEADLINE_EXCEEDED,
             )
+        # The probes and the scrape: /livez, /healthz and /metrics in plain HTTP on the metrics
+        # port, and no events there; the HTTP port serves them only over TLS.
+        plain_http = f"http://127.0.0.1:{server.metrics_port}"
+        for path, expected in (("/livez", {"status": "alive"}), ("/healthz", {"status": "SERVING"})):
+            with urllib.request.urlopen(plain_http + path, timeout=5) as response:
+                assert json.loads(response.read()) == expected
+        with urllib.request.urlopen(plain_http + "/metrics", timeout=5) as response:
+            assert b"primus_lens_jobs_container_event_recv_total" in response.read()
+        assert post_json_to(plain_http, "/v1/container-events", _http_event(2))[0] == 404
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # TLS only: plain HTTP is cut
+            urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/healthz", timeout=5).read()
 
 
 @pytest.mark.parametrize("method", [agent.K8S_METHOD, agent.DOCKER_METHOD])

@@ -83,8 +83,15 @@ def _metrics_dirs(parent: subprocess.Popen) -> list[Path]:
 
 @on_sqlite_and_postgresql
 def test_two_workers_share_the_port_log_each_event_once_and_sum_their_metrics(lens_url, tmp_path):
-    grpc_port, http_port = free_port(), free_port()
-    parent = start_lens_ingest(lens_url, grpc_port, http_port, tmp_path / "ingest.log", workers=2)
+    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+    parent = start_lens_ingest(
+        lens_url,
+        grpc_port,
+        http_port,
+        tmp_path / "ingest.log",
+        workers=2,
+        extra=("--metrics-port", metrics_port),
+    )
     try:
         assert len(_workers(parent)) == 2 and len(_metrics_dirs(parent)) == 1
         # In the supervisor's process group: a Ctrl-C or a group kill reaches them too.
@@ -119,8 +126,9 @@ def test_two_workers_share_the_port_log_each_event_once_and_sum_their_metrics(le
         while _metrics(http_port).get("primus_lens_jobs_container_event_recv_total", 0) < sent:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        # The live streams of all workers.
+        # The live streams of all workers, on the HTTP port and on the metrics port alike.
         assert _metrics(http_port)["primus_lens_jobs_upstream_connected"] == STREAMS
+        assert _metrics(metrics_port)["primus_lens_jobs_upstream_connected"] == STREAMS
         hold.set()
         for thread in threads:
             thread.join(30)
