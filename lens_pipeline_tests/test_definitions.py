@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from dagster import AssetKey
+
 from lens_pipeline.definitions import defs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,6 +23,30 @@ def test_every_definition_resolves():
     assert repository.has_sensor_def("container_events_sensor")
     asset_keys = {key.to_user_string() for key in repository.asset_graph.get_all_asset_keys()}
     assert {"gpu_nodes", "container_events"} <= asset_keys
+
+
+def test_every_asset_names_its_table_and_columns_for_the_catalog():
+    """The catalog's Columns tab and table lineage: each asset names the table it writes, with the
+    columns, types and nullability the schema (and so the migrations) give it."""
+    from lens_pipeline.store.schema import lens_metadata, safe_metadata
+
+    graph = defs.get_repository_def().asset_graph
+    tables = {f"lens.{t}": table for t, table in lens_metadata.tables.items()}
+    tables |= {f"safe.{t}": table for t, table in safe_metadata.tables.items()}
+    named = set()
+    for key in graph.get_all_asset_keys():
+        metadata = graph.get(key).metadata
+        table = tables[metadata["dagster/table_name"]]
+        named.add(table.name)
+        columns = metadata["dagster/column_schema"].columns
+        assert [(c.name, c.constraints.nullable) for c in columns] == [
+            (c.name, c.nullable) for c in table.columns
+        ], key
+        assert all(c.type for c in columns)
+    assert {"node", "gpu_pods", "workload_statistic", "node_statistic", "node_container"} <= named
+    # container_events materializes only when agents send events: no freshness policy to fail.
+    assert graph.get(AssetKey("container_events")).freshness_policy is None
+    assert graph.get(AssetKey("gpu_nodes")).freshness_policy is not None
 
 
 def test_every_job_runs_its_steps_in_the_run_process():

@@ -33,8 +33,12 @@ from dagster import (
     Jitter,
     MaterializeResult,
     RetryPolicy,
+    TableColumn,
+    TableColumnConstraints,
+    TableSchema,
 )
 from pydantic import Field
+from sqlalchemy import Table
 
 from lens_pipeline.clusters import ClusterConfig
 from lens_pipeline.collect.freshness import FAIL_AFTER, WARN_AFTER
@@ -52,6 +56,7 @@ from lens_pipeline.prom.dialect import read_dialect
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.retry import OP_RETRIES, OP_RETRY_DELAY
 from lens_pipeline.store.pods import StoredPods, stored_pods
+from lens_pipeline.store.schema import safe_metadata
 from lens_pipeline.vendors import Dialect, GpuResources, gpu_resources, shipped_dialect
 
 # The step's retries, from the one table of retries (lens_pipeline.retry).
@@ -304,6 +309,8 @@ class ClusterPart:
     # The instant PromQL queries `compute` will ask in a cluster of this dialect, asked ahead by
     # `ClusterTurn.ask_ahead`.
     prometheus_queries: Callable[[Dialect], list[str]] | None = None
+    # The table it writes (its main one), shown in the catalog: `table_metadata`.
+    table: Table | None = None
 
     def queries(self, dialect: Dialect) -> list[str]:
         return self.prometheus_queries(dialect) if self.prometheus_queries is not None else []
@@ -318,12 +325,34 @@ class ClusterPart:
             partitions_def=cluster_partitions,
             freshness_policy=FRESHNESS,
             automation_condition=self.automation_condition,
+            metadata=table_metadata(self.table) if self.table is not None else None,
             # A cluster that failed gets no materialization; the run goes on with the others.
             skippable=True,
         )
 
     def check_specs(self) -> list[AssetCheckSpec]:
         return [AssetCheckSpec(n, asset=self.key, description=d) for n, d in self.checks.items()]
+
+
+def table_metadata(table: Table) -> dict[str, Any]:
+    """What the Dagster catalog shows of the table an asset writes (its Columns tab, and the table
+    it names for lineage): the table's name as the schema declares it, in the Lens database or the
+    SaFE one, and its columns with their types and whether they may be NULL."""
+    database = "safe" if table.metadata is safe_metadata else "lens"
+    return {
+        "dagster/table_name": f"{database}.{table.name}",
+        "dagster/column_schema": TableSchema(
+            columns=[
+                TableColumn(
+                    column.name,
+                    str(column.type),
+                    description=column.comment,
+                    constraints=TableColumnConstraints(nullable=column.nullable),
+                )
+                for column in table.columns
+            ]
+        ),
+    }
 
 
 def cluster_part(
@@ -335,6 +364,7 @@ def cluster_part(
     kinds: frozenset[str],
     automation_condition: AutomationCondition | None = None,
     prometheus_queries: Callable[[Dialect], list[str]] | None = None,
+    table: Table | None = None,
 ) -> Callable[[Callable[[ClusterTurn], MaterializeResult]], ClusterPart]:
     """Declare a per-cluster asset (name -> what each check guards)."""
 
@@ -349,6 +379,7 @@ def cluster_part(
             compute=fn,
             automation_condition=automation_condition,
             prometheus_queries=prometheus_queries,
+            table=table,
         )
 
     return decorate
@@ -361,6 +392,7 @@ def collector(
     deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str] = frozenset({"kubernetes", "sql"}),
     prometheus_queries: Callable[[Dialect], list[str]] | None = None,
+    table: Table | None = None,
 ) -> Callable[[Callable[[ClusterTurn], MaterializeResult]], ClusterPart]:
     """A per-cluster collector, refreshed by the `collect_every_minute` schedule."""
     return cluster_part(
@@ -370,6 +402,7 @@ def collector(
         deps=deps,
         kinds=kinds,
         prometheus_queries=prometheus_queries,
+        table=table,
     )
 
 

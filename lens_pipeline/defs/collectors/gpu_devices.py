@@ -20,6 +20,7 @@ from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.devices import write_devices
+from lens_pipeline.store.schema import gpu_device
 from lens_pipeline.vendors import Dialect
 
 
@@ -84,6 +85,7 @@ def _gpu_series(prom: PromReader, dialect: Dialect, snapshot: ClusterSnapshot) -
 
 
 @collector(
+    table=gpu_device,
     description="GPU and RDMA devices of one cluster from exporter metrics: gpu_device, rdma_device, "
     "node_device_changelog.",
     kinds=frozenset({"prometheus", "sql"}),

@@ -15,11 +15,13 @@ from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadat
 from lens_pipeline.prom.reader import PromError
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.nodes import stored_utilization, write_gpu_nodes
+from lens_pipeline.store.schema import node
 
 TABLE_COLUMNS = ("name", "gpu_name", "gpu_count", "gpu_allocation", "gpu_utilization", "status", "address")
 
 
 @collector(
+    table=node,
     description="GPU nodes of one cluster (Lens `node` table): capacity, allocation, utilization, health.",
     kinds=frozenset({"kubernetes", "prometheus", "sql"}),
     checks={

@@ -27,12 +27,14 @@ from lens_pipeline.defs.collectors.gpu_nodes import gpu_nodes
 from lens_pipeline.defs.collectors.reporting import TABLE_ROWS, markdown_table, sync_metadata
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.pods import SnapshotWriter, write_pods
+from lens_pipeline.store.schema import gpu_pods as gpu_pods_table
 from lens_pipeline.store.schema import pod_snapshot
 
 TABLE_COLUMNS = ("namespace", "name", "node_name", "gpu_allocated", "phase", "running", "deleted", "ip")
 
 
 @collector(
+    table=gpu_pods_table,
     description="GPU pods of one cluster: gpu_pods, pod_resource, pod_snapshot, gpu_pods_event.",
     deps=[gpu_nodes],
     checks={

@@ -30,7 +30,7 @@ from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadat
 from lens_pipeline.defs.collectors.snapshot import ClusterSnapshot
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.pods import SnapshotWriter
-from lens_pipeline.store.schema import gpu_workload_snapshot
+from lens_pipeline.store.schema import gpu_workload, gpu_workload_snapshot
 from lens_pipeline.store.workloads import (
     current_workloads,
     stored_workloads,
@@ -74,6 +74,7 @@ def list_owner_kinds(
 
 
 @collector(
+    table=gpu_workload,
     description="Workloads above GPU pods (Deployments, Jobs, PyTorchJobs, SaFE Workloads...): gpu_workload, "
     "workload_pod_reference, gpu_workload_snapshot.",
     deps=[gpu_pods],

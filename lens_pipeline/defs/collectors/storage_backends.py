@@ -9,10 +9,12 @@ from lens_pipeline.collect.storage import driver_for, secret_ref, storage_row
 from lens_pipeline.defs.collectors.common import ClusterTurn, CollectorRun, collector
 from lens_pipeline.defs.collectors.reporting import markdown_table, sync_metadata
 from lens_pipeline.store.db import write_transaction
+from lens_pipeline.store.schema import storage
 from lens_pipeline.store.storage import write_storage
 
 
 @collector(
+    table=storage,
     description="Storage backends of one cluster (JuiceFS first): the `storage` table.",
     checks={"every_backend_readable": "Every storage class a driver knows could be read with its Secret."},
 )

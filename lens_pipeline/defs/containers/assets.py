@@ -34,7 +34,7 @@ from sqlalchemy import Connection, Engine
 from lens_pipeline.collect.containers import ContainerEventRecord, apply_events
 from lens_pipeline.collect.problems import Problem
 from lens_pipeline.defs.batches import BatchReport, record_materialized_now
-from lens_pipeline.defs.collectors.common import COLLECTOR_RETRY, FRESHNESS, MAX_LOGGED_PROBLEMS
+from lens_pipeline.defs.collectors.common import COLLECTOR_RETRY, MAX_LOGGED_PROBLEMS, table_metadata
 from lens_pipeline.defs.collectors.reporting import markdown_table, problems_metadata
 from lens_pipeline.defs.partitions import WORKING, cluster_partitions, clusters_in_runs
 from lens_pipeline.defs.resources import LensDatabase
@@ -51,6 +51,7 @@ from lens_pipeline.store.event_log import (
     read_events,
     set_processed_up_to,
 )
+from lens_pipeline.store.schema import node_container
 
 WIDTHS = container_column_widths()
 # Events per transaction: on SQLite the ingest sidecar waits for the write lock meanwhile.
@@ -84,7 +85,10 @@ JOB_NAME = "process_container_events"
             partitions_def=cluster_partitions,
             group_name="collectors",
             kinds={"grpc", "sql"},
-            freshness_policy=FRESHNESS,
+            # No freshness policy: it materializes only when node agents sent events, and a quiet
+            # cluster sends none for hours. The events that wait are what can be late:
+            # `lens_container_events_lag_seconds` and the LensIngestLagging alert.
+            metadata=table_metadata(node_container),
             # A cluster of the batch with nothing new, or whose events failed, gets no materialization.
             skippable=True,
         )

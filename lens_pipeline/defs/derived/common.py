@@ -6,6 +6,7 @@ automation sensor brings them up to date."""
 from collections.abc import Callable, Sequence
 
 from dagster import AssetCheckResult, AutomationCondition, MaterializeResult
+from sqlalchemy import Table
 
 from lens_pipeline.collect.problems import Problem
 from lens_pipeline.defs.collectors.common import (
@@ -43,6 +44,7 @@ def cluster_view(
     checks: dict[str, str],
     deps: Sequence[ClusterPart] = (),
     kinds: frozenset[str] = frozenset({"sql"}),
+    table: Table | None = None,
 ) -> Callable[[Callable[[ClusterTurn], MaterializeResult]], ClusterPart]:
     """`@asset` for a per-cluster asset computed from stored tables (and Prometheus)."""
     return cluster_part(
@@ -52,4 +54,5 @@ def cluster_view(
         deps=deps,
         kinds=kinds,
         automation_condition=AutomationCondition.eager(),
+        table=table,
     )

@@ -35,6 +35,7 @@ from lens_pipeline.store.overview import (
     stored_overview,
     write_overview,
 )
+from lens_pipeline.store.schema import cluster_overview_cache
 from lens_pipeline.vendors import JUICEFS, Dialect
 
 
@@ -76,6 +77,7 @@ def _sum_or_unknown(prom: PromReader, query: str) -> float | None:
 @cluster_view(
     description="One row per cluster (Lens `cluster_overview_cache`): node health and idle buckets, "
     "allocation rate, utilization, storage and RDMA figures, as the read API serves them.",
+    table=cluster_overview_cache,
     deps=[gpu_nodes, gpu_devices, storage_backends],
     kinds=frozenset({"prometheus", "sql"}),
     checks={

@@ -26,6 +26,7 @@ from lens_pipeline.defs.collectors.reporting import sync_metadata
 from lens_pipeline.defs.derived.common import ROWS_READABLE, cluster_view, rows_readable_check
 from lens_pipeline.defs.derived.statistics import workload_gpu_statistics
 from lens_pipeline.store.db import write_transaction
+from lens_pipeline.store.schema import node_statistic, safe_workload_statistic
 from lens_pipeline.store.statistics import (
     ACTIVE,
     active_workloads,
@@ -38,6 +39,7 @@ from lens_pipeline.store.statistics import (
 
 @cluster_view(
     description="SaFE `node_statistic`: every GPU node's utilization, by (cluster, node_name).",
+    table=node_statistic,
     deps=[gpu_nodes],
     checks={**ROWS_READABLE, "one_row_per_gpu_node": "The cluster's live rows are exactly its GPU nodes."},
 )
@@ -69,6 +71,7 @@ def safe_node_statistic(turn: ClusterTurn) -> MaterializeResult:
 @cluster_view(
     description="SaFE `workload_statistic`: each running SaFE Workload's 3-hour average and peak GPU "
     "utilization, by (workload_id, statistic_type).",
+    table=safe_workload_statistic,
     deps=[workload_gpu_statistics],
     checks={
         **ROWS_READABLE,

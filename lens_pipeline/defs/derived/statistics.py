@@ -41,6 +41,8 @@ from lens_pipeline.defs.derived.common import ROWS_READABLE, cluster_view, rows_
 from lens_pipeline.prom.reader import PromError, PromReader
 from lens_pipeline.store.db import write_transaction
 from lens_pipeline.store.hourly import pods_of_workloads_between
+from lens_pipeline.store.schema import gpu_consumers as gpu_consumers_table
+from lens_pipeline.store.schema import workload_statistic as workload_statistic_table
 from lens_pipeline.store.statistics import (
     ACTIVE,
     active_workloads,
@@ -95,6 +97,7 @@ def _pod_keys(pods: Sequence[dict[str, Any]]) -> list[PodKey]:
 @cluster_view(
     description="GPU utilization of every running workload (Lens `workload_statistic`): "
     "avg/p50/p90/p95/min/max/instant, GPU-seconds held and held idle.",
+    table=workload_statistic_table,
     deps=[gpu_pods, gpu_workloads],
     kinds=frozenset({"prometheus", "sql"}),
     checks={
@@ -258,6 +261,7 @@ CONSUMER_COLUMNS = (
 @cluster_view(
     description="GPU consumers: every running top-level workload with the GPUs its running pods hold, "
     "their utilization and its idle GPU time (`gpu_consumers`, the `consumer_pod_*` metrics).",
+    table=gpu_consumers_table,
     deps=[workload_gpu_statistics],
     checks={
         **ROWS_READABLE,

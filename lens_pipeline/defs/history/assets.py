@@ -46,7 +46,7 @@ from lens_pipeline.collect.history import (
 )
 from lens_pipeline.collect.objects import LAST_APPLIED
 from lens_pipeline.defs.batches import BatchReport
-from lens_pipeline.defs.collectors.common import ClusterAssetsConfig, ClusterTurn, check
+from lens_pipeline.defs.collectors.common import ClusterAssetsConfig, ClusterTurn, check, table_metadata
 from lens_pipeline.defs.collectors.gpu_pods import gpu_pods
 from lens_pipeline.defs.collectors.gpu_workloads import gpu_workloads
 from lens_pipeline.defs.derived.statistics import read_pod_series
@@ -61,7 +61,7 @@ from lens_pipeline.defs.resources import (
 )
 from lens_pipeline.prom.reader import PromReader
 from lens_pipeline.store.db import write_transaction
-from lens_pipeline.store.hourly import pods_holding, replace_hour_tables, workloads_by_uid
+from lens_pipeline.store.hourly import HOURLY_TABLES, pods_holding, replace_hour_tables, workloads_by_uid
 from lens_pipeline.store.statistics import gpu_pod_names
 from lens_pipeline.vendors import VendorProfile
 
@@ -171,6 +171,7 @@ class HistoryConfig(Config):
             kinds={"prometheus", "sql"},
             partitions_def=history_partitions,
             automation_condition=HOURLY if key == AUTOMATED else None,
+            metadata=table_metadata(HOURLY_TABLES[key.path[-1]][0]),
             # A (cluster, hour) that failed gets no materialization; the run goes on with the others.
             skippable=True,
         )
