@@ -258,7 +258,7 @@ def _result(
         metadata={
             "cluster": cluster,
             "events_processed": progress.events,
-            "dagster/row_count": progress.containers,
+            # This run's: not `dagster/row_count`, which is what the partition holds in all.
             "containers_written": progress.containers,
             "devices_written": progress.devices,
             "lifecycle_events_written": progress.events_written,

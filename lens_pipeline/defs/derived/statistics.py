@@ -215,7 +215,9 @@ def workload_gpu_statistics(turn: ClusterTurn) -> MaterializeResult:
     return MaterializeResult(
         metadata={
             "cluster": cluster.name,
-            "dagster/row_count": len(rows) if claimed else 0,
+            # The cluster's rows (what the partition holds, whoever wrote them), and this run's.
+            "dagster/row_count": len(rows),
+            "rows_written": len(rows) if claimed else 0,
             "workloads": len(workloads),
             "window_already_added": not claimed,
             "window_start": utc_time(first).isoformat() if queried else "",
