@@ -47,6 +47,9 @@ def test_every_asset_names_its_table_and_columns_for_the_catalog():
     # container_events materializes only when agents send events: no freshness policy to fail.
     assert graph.get(AssetKey("container_events")).freshness_policy is None
     assert graph.get(AssetKey("gpu_nodes")).freshness_policy is not None
+    # The hourly history: late when the automation stops.
+    for table in ("cluster_gpu_hourly_stats", "workload_gpu_hourly_stats", "gpu_allocation_snapshots"):
+        assert graph.get(AssetKey(table)).freshness_policy is not None, table
 
 
 def test_every_job_runs_its_steps_in_the_run_process():

@@ -25,6 +25,7 @@ from dagster import (
     AssetSpec,
     BackfillPolicy,
     Config,
+    FreshnessPolicy,
     MetadataValue,
     multi_asset,
 )
@@ -160,6 +161,14 @@ class HistoryConfig(Config):
         )
 
 
+# Each closed hour is materialized a few minutes after it ends (`hourly_history_automation`): an
+# hour and a quarter without one is late, two is failing (the automation stopped, or every hour's
+# run fails). Judged across partitions, as Dagster does: a backfill of older hours keeps it fresh.
+HOURLY_FRESHNESS = FreshnessPolicy.time_window(
+    fail_window=timedelta(hours=2), warn_window=timedelta(minutes=75)
+)
+
+
 @multi_asset(
     name="hourly_history",
     specs=[
@@ -172,6 +181,7 @@ class HistoryConfig(Config):
             partitions_def=history_partitions,
             automation_condition=HOURLY if key == AUTOMATED else None,
             metadata=table_metadata(HOURLY_TABLES[key.path[-1]][0]),
+            freshness_policy=HOURLY_FRESHNESS,
             # A (cluster, hour) that failed gets no materialization; the run goes on with the others.
             skippable=True,
         )
