@@ -247,6 +247,9 @@ def _ingest(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("lens ingest: --workers must be at least 1", file=sys.stderr)
         return 2
+    if args.metrics_port and args.metrics_port in (args.grpc_port, args.http_port):
+        print("lens ingest: --metrics-port must differ from --grpc-port and --http-port", file=sys.stderr)
+        return 2
     config = IngestConfig(
         database_url=args.database_url or settings.lens_database_url(),
         host=args.host,

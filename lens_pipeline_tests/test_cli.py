@@ -284,3 +284,12 @@ def test_lens_api_refuses_a_cors_entry_that_is_no_origin(tmp_path, monkeypatch, 
     monkeypatch.setenv("LENS_API_CORS_ORIGINS", "https://lens.example.com/ui")
     assert main(["api", "--database-url", f"sqlite:///{tmp_path / 'lens.db'}"]) == 2
     assert "'https://lens.example.com/ui' is not an origin" in capsys.readouterr().err
+
+
+def test_lens_ingest_refuses_a_metrics_port_shared_with_its_other_ports(tmp_path, capsys):
+    from lens_pipeline.cli import main
+
+    database = f"sqlite:///{tmp_path / 'lens.db'}"
+    for clash in (["--http-port", "9301"], ["--grpc-port", "9301"]):
+        assert main(["ingest", "--database-url", database, "--metrics-port", "9301", *clash]) == 2
+        assert "--metrics-port must differ" in capsys.readouterr().err

@@ -29,6 +29,7 @@ COMPONENTS = sorted(p.name for p in (DEPLOY / "components").iterdir() if p.is_di
 # Components that replace one another: lens ingest ends TLS itself (ingest-tls) or behind an
 # ingress controller (ingress).
 ALTERNATIVES = {"ingest-tls": "ingress"}
+TOGETHER = [c for c in COMPONENTS if c not in ALTERNATIVES]
 # What an API server keeps in a namespace (the kinds deploy/ renders).
 NAMESPACED = {
     "ConfigMap",
@@ -97,9 +98,7 @@ def test_every_reference_resolves_in_the_rendered_output(tmp_path):
     service account and volume a pod names exists; each Service, PDB, NetworkPolicy and the
     ServiceMonitor selects pods or Services that exist, on ports they have; each Ingress backend is
     a Service port."""
-    documents = rendered_overlay(
-        tmp_path / "all", components=[c for c in COMPONENTS if c not in ALTERNATIVES]
-    )
+    documents = rendered_overlay(tmp_path / "all", components=TOGETHER)
     documents += rendered(DEPLOY / "migrate")
     config_maps, secrets = _named(documents, "ConfigMap"), _named(documents, "Secret")
     accounts, services = _named(documents, "ServiceAccount"), _named(documents, "Service")
@@ -167,7 +166,9 @@ def test_every_reference_resolves_in_the_rendered_output(tmp_path):
         ports = {
             p["name"] for c in target["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])
         }
-        assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == ports, name
+        opened = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+        # Every port the pods serve; besides, `https`, the one components/ingest-tls names.
+        assert ports <= opened <= ports | {"https"}, name
     for ingress in _named(documents, "Ingress").values():
         for rule in ingress["spec"]["rules"]:
             for path in rule["http"]["paths"]:
@@ -192,8 +193,11 @@ def test_one_image_everywhere_and_each_run_takes_the_code_locations():
 def test_a_namespace_overlay_moves_everything(tmp_path):
     """`namespace: gpu-obs` over the base with every component, and over the migration Job: every
     namespaced object lands there, and nothing names the base's namespace any more."""
-    for name, base in (("app", DEPLOY), ("migrate", DEPLOY / "migrate")):
-        components = COMPONENTS if base == DEPLOY else []
+    for name, base, components in (
+        ("app", DEPLOY, TOGETHER),
+        ("tls", DEPLOY, [*sorted(ALTERNATIVES), "monitoring", "network-policy"]),
+        ("migrate", DEPLOY / "migrate", []),
+    ):
         documents = rendered_overlay(tmp_path / name, components=components, namespace="gpu-obs", base=base)
         for document in documents:
             assert document["kind"] in NAMESPACED, document["kind"]
@@ -237,7 +241,7 @@ def test_secrets_are_rendered_only_when_asked_for(tmp_path):
     example-secrets component renders the three the pods name, for a trial."""
     assert not [d for d in rendered(DEPLOY) if d["kind"] == "Secret"]
     assert not [d for d in rendered(DEPLOY / "migrate") if d["kind"] == "Secret"]
-    others = [c for c in COMPONENTS if c != "example-secrets"]
+    others = [c for c in TOGETHER if c != "example-secrets"]
     assert not [d for d in rendered_overlay(tmp_path / "no", components=others) if d["kind"] == "Secret"]
     asked = rendered_overlay(tmp_path / "yes", components=["example-secrets"])
     assert set(_named(asked, "Secret")) == {"lens-secrets", "lens-cluster-registry", "lens-ingest-tokens"}
@@ -363,8 +367,8 @@ def test_the_ingest_tls_component_serves_tls_and_keeps_probes_and_scrape_on_a_pl
     here, with a certificate of our own, and answers so."""
     from lens_pipeline.sim.tls import make_certificate
 
-    # After network-policy, as its kustomization says: it opens the policy to `https` too.
-    documents = rendered_overlay(tmp_path / "tls", components=["network-policy", "monitoring", "ingest-tls"])
+    # In any order among the others (listed first here).
+    documents = rendered_overlay(tmp_path / "tls", components=["ingest-tls", "network-policy", "monitoring"])
     spec = _pod_specs(documents)["lens-ingest"]
     (container,) = spec["containers"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
@@ -382,14 +386,26 @@ def test_the_ingest_tls_component_serves_tls_and_keeps_probes_and_scrape_on_a_pl
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == "lens-ingest-tls"
     assert {"name": "tls", "mountPath": "/etc/lens-ingest-tls", "readOnly": True} in container["volumeMounts"]
-    service = _named(documents, "Service")["lens-ingest"]
-    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+    services = _named(documents, "Service")
+    # What the monitored clusters reach: TLS only. The plain port is on a Service of its own.
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in services["lens-ingest"]["spec"]["ports"]} == {
         "grpc": (50051, "grpc"),
         "https": (8989, "https"),
-        "http": (8990, "http"),
     }
+    metrics = services["lens-ingest-metrics"]
+    assert metrics["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert [(p["name"], p["port"], p["targetPort"]) for p in metrics["spec"]["ports"]] == [
+        ("http", 8990, "http")
+    ]
+    # The ServiceMonitor scrapes the port named `http` of every lens Service: here, the plain one.
     (monitor,) = _named(documents, "ServiceMonitor").values()
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http"]  # the plain port
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http"]
+    scraped = {
+        name: [p["port"] for p in service["spec"]["ports"] if p["name"] == "http"]
+        for name, service in services.items()
+        if _labels_match(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    }
+    assert scraped["lens-ingest"] == [] and scraped["lens-ingest-metrics"] == [8990]
     policy = _named(documents, "NetworkPolicy")["lens-ingest"]
     assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == {
         "grpc",
