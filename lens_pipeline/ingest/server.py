@@ -166,7 +166,8 @@ class IngestServer:
             (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server,
         )
-        address = f"{self.config.host}:{self.config.grpc_port}"
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host  # IPv6: bracketed
+        address = f"{host}:{self.config.grpc_port}"
         if self.config.tls:
             credentials = grpc.ssl_server_credentials(
                 [(Path(self.config.tls_key).read_bytes(), Path(self.config.tls_cert).read_bytes())],

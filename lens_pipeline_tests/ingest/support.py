@@ -29,12 +29,14 @@ CREATED_NS = 1_763_700_000_000_000_000  # 2025-11-21, as the CRI reports it
 @contextmanager
 def ingest_server(database_url: str, **overrides: object) -> Iterator[IngestServer]:
     config = IngestConfig(
-        database_url=database_url,
-        host="127.0.0.1",
-        grpc_port=0,
-        http_port=0,
-        default_cluster="east",
-        **overrides,
+        **{
+            "database_url": database_url,
+            "host": "127.0.0.1",
+            "grpc_port": 0,
+            "http_port": 0,
+            "default_cluster": "east",
+            **overrides,
+        }
     )
     with RunningServer(config) as server:
         yield server

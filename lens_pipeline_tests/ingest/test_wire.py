@@ -343,3 +343,13 @@ def test_a_batch_is_answered_event_by_event(sqlite_url):
         *(("k8s", container_id(i)) for i in range(1, 5)),
         ("docker", "d1"),
     }
+
+
+def test_an_ipv6_host_serves_both_ports(sqlite_url):
+    """`--host ::1` (or `::`): gRPC takes the address bracketed, as it must, and HTTP binds it too."""
+    raw = agent.event("Running", container_id(1), gpu_container(1, "Running"), "n1")
+    with ingest_server(sqlite_url, host="::1") as server:
+        with grpc.insecure_channel(f"[::1]:{server.grpc_port}") as ch:
+            assert agent.stream_events(ch, [raw]).acked == 1
+        with urllib.request.urlopen(f"http://[::1]:{server.http_port}/livez", timeout=5) as response:
+            assert json.loads(response.read()) == {"status": "alive"}
