@@ -134,7 +134,7 @@ def _create(url: str, *, reading: bool = False) -> Engine:
         )
         _configure_sqlite(engine, begin="BEGIN" if reading else "BEGIN IMMEDIATE")
         return engine
-    if parsed.get_backend_name() == "mysql":
+    if parsed.get_backend_name() in ("mysql", "mariadb"):
         # utf8mb4 so that any Kubernetes label survives; pre-ping because MySQL drops idle links.
         query = dict(parsed.query)
         query.setdefault("charset", "utf8mb4")

@@ -841,3 +841,19 @@ def test_migration_gives_pods_gone_before_bound_at_their_binding_time(lens_url):
         "never": None,
         "live": None,
     }
+
+
+def test_a_mariadb_url_gets_the_mysql_settings(mysql_url):
+    """`mariadb+pymysql://` names the same server kind as `mysql+pymysql://` (SQLAlchemy's MariaDB
+    dialect): the same utf8mb4 connections and recycled pool, and it works end to end."""
+    from lens_pipeline.store.db import dispose_engines
+
+    url = make_url(mysql_url).set(drivername="mariadb+pymysql")
+    engine = get_engine(url.render_as_string(hide_password=False))
+    try:
+        assert engine.dialect.name == "mariadb" and engine.url.query.get("charset") == "utf8mb4"
+        assert engine.pool._recycle == 3600  # private: no public view of the pool's recycle time
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT 'GPU \N{GRINNING FACE}'")).scalar() == "GPU \N{GRINNING FACE}"
+    finally:
+        dispose_engines()
