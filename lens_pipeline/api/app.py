@@ -319,8 +319,8 @@ def _cluster_routes(app: FastAPI, ctx: Routes, metrics: CollectorRegistry) -> No
     async def overview(request: Request) -> Response:
         # The hot path: no dependency solving, no thread hop, one indexed read (microseconds).
         await ctx.authorize(request)
-        name = ctx.resolve(request.query_params.get("cluster"))
-        return envelope(api_overview(ctx.overview_row(name)))
+        name = await ctx.resolve_off_loop(request.query_params.get("cluster"))
+        return envelope(api_overview(await ctx.overview_row_off_loop(name)))
 
     @app.get("/v1/clusters/consumers", dependencies=ctx.guarded, summary="Running top-level GPU consumers")
     def consumers(paging: Paging, cluster: str | None = None) -> Response:

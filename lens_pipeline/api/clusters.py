@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
 from lens_pipeline.api import queries
-from lens_pipeline.api.common import ApiError, Routes, envelope
+from lens_pipeline.api.common import Routes, envelope
 from lens_pipeline.api.prometheus import ClusterSeries, any_of, node_index, quoted
 from lens_pipeline.collect.nodes import NodeIndex
 from lens_pipeline.collect.overview import api_overview
@@ -125,12 +126,10 @@ def add_routes(app: FastAPI, ctx: Routes) -> None:
         summary="The cluster's storage figures (JuiceFS volumes), from the overview",
     )
     async def storage_stat(cluster: str | None = None) -> Response:
-        name = ctx.resolve(cluster)
-        row = ctx.cached_overview(name)
+        name = await ctx.resolve_off_loop(cluster)
+        row = await ctx.cached_overview_off_loop(name)
         if row is None:
-            with ctx.engine.connect() as conn:
-                if not queries.cluster_exists(conn, name):
-                    raise ApiError(404, f"cluster {name!r} not found")
+            await run_in_threadpool(ctx.known, name)  # a 404 for a cluster the database does not know
             # Not measured yet (the overview asset has not run): unknown, not zero.
             return envelope(dict.fromkeys(STORAGE_FIELDS))
         overview = api_overview(row)

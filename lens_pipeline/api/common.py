@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 from fastapi import Depends, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from sqlalchemy import Connection, Engine
 
@@ -182,7 +183,7 @@ class Routes:
     engine: Engine
     authorize: Callable[[Request], Awaitable[None]]
     resolve: Callable[[str | None], str]
-    cached_overview: Callable[[str], Any]
+    cached_overview: queries.OverviewCopy
     prometheus: ClusterPrometheus
 
     @property
@@ -197,6 +198,28 @@ class Routes:
             if not queries.cluster_exists(conn, name):
                 raise ApiError(404, f"cluster {name!r} not found")
         return name
+
+    async def resolve_off_loop(self, cluster: str | None) -> str:
+        """`resolve` for the routes served on the event loop: a cluster named is only checked;
+        otherwise the clusters known may be read from the database, which is done on a worker
+        thread (a database that hangs must not stop every other request)."""
+        if cluster:
+            return self.resolve(cluster)
+        return await run_in_threadpool(self.resolve, cluster)
+
+    async def overview_row_off_loop(self, cluster: str) -> dict:
+        """`overview_row` for the routes served on the event loop: the copy's row at once; the
+        database (the copy stale, a database outage most likely, or a cluster not in it yet) read
+        on a worker thread."""
+        if self.cached_overview.fresh() and (row := self.cached_overview(cluster)) is not None:
+            return row
+        return await run_in_threadpool(self.overview_row, cluster)
+
+    async def cached_overview_off_loop(self, cluster: str) -> Any:
+        """`cached_overview`, reading the table on a worker thread when the copy is stale."""
+        if self.cached_overview.fresh():
+            return self.cached_overview(cluster)
+        return await run_in_threadpool(self.cached_overview, cluster)
 
     def overview_row(self, cluster: str) -> dict:
         """The cluster's overview: the cached row, else computed from the `node` table; a 404 for a

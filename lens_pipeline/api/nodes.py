@@ -161,7 +161,7 @@ def add_routes(app: FastAPI, ctx: Routes) -> None:
         summary="The cluster's allocation rate and GPU utilization now",
     )
     async def gpu_utilization(cluster: str | None = None) -> Response:
-        row = ctx.overview_row(ctx.resolve(cluster))
+        row = await ctx.overview_row_off_loop(await ctx.resolve_off_loop(cluster))
         return envelope({"allocationRate": row["allocation_rate"], "utilization": row["utilization"]})
 
     @app.get(

@@ -172,10 +172,14 @@ class OverviewCopy:
         self._start_lock = threading.Lock()
 
     def __call__(self, cluster: str) -> Row | None:
-        if time.monotonic() - self._refreshed > self.STALE_AFTER * self.refresh_seconds:
+        if not self.fresh():
             self.start()
             return self.reader(cluster)
         return self._rows.get(cluster)
+
+    def fresh(self) -> bool:
+        """Whether the copy answers from memory (else a call reads the table: the database)."""
+        return time.monotonic() - self._refreshed <= self.STALE_AFTER * self.refresh_seconds
 
     def start(self) -> None:
         """Follow the table from now on (at the app's start; again if the thread died)."""

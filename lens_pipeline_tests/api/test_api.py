@@ -703,3 +703,52 @@ def test_pages_of_the_configured_origins_may_read_the_api_from_a_browser(served,
         monkeypatch.setenv(settings.LENS_API_CORS_ORIGINS, bad)
         with pytest.raises(ValueError, match="is not an origin"):
             settings.api_cors_origins()
+
+
+def test_a_slow_database_read_on_an_event_loop_route_stops_no_other_request(served, monkeypatch):
+    """The overview routes are served on the event loop (the in-memory copy is read there, in
+    microseconds). When the copy is stale (the database is down, most likely) they read the table
+    on a worker thread: a database that hangs delays those requests only, not `/livez` nor any
+    other."""
+    import asyncio
+
+    import httpx
+
+    _api, lens_url, _truths, cluster = served
+    read = queries.OverviewReader.__call__
+
+    def slow_read(self: Any, name: str) -> Any:
+        time.sleep(2.0)  # a database that takes its time
+        return read(self, name)
+
+    monkeypatch.setattr(queries.OverviewReader, "__call__", slow_read)
+    # Without its lifespan the app's copy never refreshes: it is stale, every overview reads the table.
+    app = create_app(get_engine(lens_url))
+
+    async def race() -> list[tuple[httpx.Response, float]]:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://lens"
+        ) as client:
+
+            async def timed(path: str, **params: str) -> tuple[httpx.Response, float]:
+                started = time.monotonic()
+                answer = await client.get(path, params=params)
+                return answer, time.monotonic() - started
+
+            began = time.monotonic()
+            slow = [
+                asyncio.create_task(timed(path, cluster=cluster))
+                for path in ("/v1/clusters/overview", "/v1/nodes/gpuUtilization", "/v1/storage/stat")
+            ]
+            await asyncio.sleep(0.3)  # they are in their database reads by now
+            alive, _ = await timed("/livez")
+            # From the start: a read on the event loop would have held /livez behind all three.
+            answered_after = time.monotonic() - began
+            return [(alive, answered_after), *[await task for task in slow]]
+
+    (alive, answered_after), *slow = asyncio.run(race())
+    assert alive.status_code == 200 and answered_after < 1.5, answered_after
+    assert [answer.status_code for answer, _ in slow] == [200, 200, 200]
+    # The first read through the slow database (it also restarts the copy's refresh, which may
+    # answer the later ones from memory).
+    assert max(took for _, took in slow) >= 2.0
