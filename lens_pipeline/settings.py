@@ -111,8 +111,8 @@ def api_cors_origins() -> tuple[str, ...]:
     origins = tuple(o.strip() for o in os.environ.get(LENS_API_CORS_ORIGINS, "").split(",") if o.strip())
     for origin in origins:
         scheme, sep, host = origin.partition("://")
+        # (A browser sends the scheme in lower case: `HTTPS://` would match no page.)
         if origin != "*" and not (scheme in ("http", "https") and sep and host and "/" not in host):
-            # (a browser sends the origin in lower case: `HTTPS://` would match no page)
             raise ValueError(
                 f"{LENS_API_CORS_ORIGINS}: {origin!r} is not an origin: scheme://host[:port], "
                 "no path nor trailing slash (e.g. https://lens.example.com), or *"

@@ -223,7 +223,8 @@ class Routes:
 
     def overview_row(self, cluster: str) -> dict:
         """The cluster's overview: the cached row, else computed from the `node` table; a 404 for a
-        cluster the database does not know. Called from the event loop (the copy's reader is)."""
+        cluster the database does not know. It may read the database: the routes served on the
+        event loop call it through `overview_row_off_loop`."""
         row = self.cached_overview(cluster)
         if row is None:
             with self.engine.connect() as conn:

@@ -71,15 +71,6 @@ def _pod_gpu_resources(pod: Mapping[str, Any], vendor: SimVendor) -> set[str]:
     return names
 
 
-def pod_gpu_units(pod: Mapping[str, Any], vendor: SimVendor) -> int:
-    """The pod's GPUs of every resource of the vendor (each counted as the scheduler counts it)."""
-    return sum(pod_gpu_request(pod, name) for name in _pod_gpu_resources(pod, vendor))
-
-
-def pod_uses_vendor_gpu(pod: Mapping[str, Any], vendor: SimVendor) -> bool:
-    return any(pod_uses_gpu(pod, name) for name in _pod_gpu_resources(pod, vendor))
-
-
 def controller_reference(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The ownerReference with controller: true, else the first one, else None."""
     references = (obj.get("metadata") or {}).get("ownerReferences") or []
@@ -148,10 +139,10 @@ def node_row(
     }
 
 
-def _count_allocation(pod: Mapping[str, Any], vendor: SimVendor, allocated: dict[str, int]) -> None:
+def _count_allocation(pod: Mapping[str, Any], gpus: int, allocated: dict[str, int]) -> None:
     node_name = (pod.get("spec") or {}).get("nodeName")
     if node_name and (pod.get("status") or {}).get("phase") in ACTIVE_PHASES:
-        allocated[node_name] = allocated.get(node_name, 0) + pod_gpu_units(pod, vendor)
+        allocated[node_name] = allocated.get(node_name, 0) + gpus
 
 
 def node_rows(
@@ -176,7 +167,7 @@ def node_rows(
 # -- GPU pods ----------------------------------------------------------------------------------
 
 
-def pod_row(pod: Mapping[str, Any], vendor: SimVendor) -> dict[str, Any]:
+def pod_row(pod: Mapping[str, Any], gpus: int) -> dict[str, Any]:
     metadata = pod["metadata"]
     status = pod.get("status") or {}
     deleted = "deletionTimestamp" in metadata
@@ -186,7 +177,7 @@ def pod_row(pod: Mapping[str, Any], vendor: SimVendor) -> dict[str, Any]:
         "name": metadata["name"],
         "uid": metadata["uid"],
         "node_name": (pod.get("spec") or {}).get("nodeName") or "",
-        "gpu_allocated": pod_gpu_units(pod, vendor),
+        "gpu_allocated": gpus,
         "phase": phase,
         "deleted": deleted,
         "running": not deleted and phase == "Running",
@@ -420,9 +411,12 @@ def cluster_truth(cluster: SimCluster) -> dict[str, Any]:
         # One pod parsed at a time: the truth of 150,000 pods must not hold them all as dicts.
         for entry in objects["pods"]:
             pod = entry.obj
-            _count_allocation(pod, vendor, allocated)
-            if pod_uses_vendor_gpu(pod, vendor):
-                row = pod_row(pod, vendor)
+            # The pod's GPUs of every resource of the vendor, each counted as the scheduler counts it.
+            resources = _pod_gpu_resources(pod, vendor)
+            gpus = sum(pod_gpu_request(pod, name) for name in resources)
+            _count_allocation(pod, gpus, allocated)
+            if any(pod_uses_gpu(pod, name) for name in resources):
+                row = pod_row(pod, gpus)
                 gpu_pods.append(row)
                 pod_links[row["uid"]] = _link(pod, entry)
         gpu_pods.sort(key=lambda row: (row["namespace"], row["name"]))

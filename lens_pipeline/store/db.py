@@ -140,8 +140,8 @@ def _create(url: str, *, reading: bool = False) -> Engine:
         query.setdefault("charset", "utf8mb4")
         return create_engine(parsed.set(query=query), pool_pre_ping=True, pool_recycle=3600, **JSON_CODEC)
     # libpq waits as long as the network lets a connection hang (minutes, when a failed-over
-    # database's old address answers nothing); a URL's own `connect_timeout` wins.
-    # libpq's own settings win too ($PGCONNECT_TIMEOUT, a service file); other drivers name it otherwise.
+    # database's old address answers nothing). A URL's own `connect_timeout`, `$PGCONNECT_TIMEOUT`
+    # or a service file win; other drivers name the setting otherwise.
     own = "connect_timeout" in parsed.query or "service" in parsed.query or "PGCONNECT_TIMEOUT" in os.environ
     libpq = parsed.get_driver_name() in ("psycopg2", "psycopg")
     connect_args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS} if libpq and not own else {}

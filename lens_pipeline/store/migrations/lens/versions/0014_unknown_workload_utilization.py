@@ -24,14 +24,17 @@ FROM_SAMPLES = ("avg", "p50", "p90", "p95", "max", "min")
 STATISTIC_FIGURES = tuple(f"{name}_gpu_utilization" for name in ("instant", *FROM_SAMPLES))
 
 
+def _nullable(nullable: bool) -> None:
+    for table, columns in (("workload_statistic", STATISTIC_FIGURES), ("gpu_consumers", ("gpu_utilization",))):
+        with op.batch_alter_table(table) as batch:
+            for column in columns:
+                batch.alter_column(
+                    column, existing_type=sa.Float(), nullable=nullable, existing_server_default=sa.text("0")
+                )
+
+
 def upgrade() -> None:
-    with op.batch_alter_table("workload_statistic") as batch:
-        for column in STATISTIC_FIGURES:
-            batch.alter_column(column, existing_type=sa.Float(), nullable=True, existing_server_default=sa.text("0"))
-    with op.batch_alter_table("gpu_consumers") as batch:
-        batch.alter_column(
-            "gpu_utilization", existing_type=sa.Float(), nullable=True, existing_server_default=sa.text("0")
-        )
+    _nullable(True)
     # The 0s of rows without a sample were never measured. (An instant 0 cannot be told from a
     # measured one: it stays, and the next run writes what it sees.)
     op.execute(
@@ -48,10 +51,4 @@ def downgrade() -> None:
         sa.text("UPDATE workload_statistic SET " + ", ".join(f"{c} = COALESCE({c}, 0)" for c in STATISTIC_FIGURES))
     )
     op.execute(sa.text("UPDATE gpu_consumers SET gpu_utilization = COALESCE(gpu_utilization, 0)"))
-    with op.batch_alter_table("workload_statistic") as batch:
-        for column in STATISTIC_FIGURES:
-            batch.alter_column(column, existing_type=sa.Float(), nullable=False, existing_server_default=sa.text("0"))
-    with op.batch_alter_table("gpu_consumers") as batch:
-        batch.alter_column(
-            "gpu_utilization", existing_type=sa.Float(), nullable=False, existing_server_default=sa.text("0")
-        )
+    _nullable(False)
